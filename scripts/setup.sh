@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Everything txstream needs on a fresh Debian/Ubuntu machine: a JRE for Spark, a venv, the project.
+set -euo pipefail
+VENV=${1:-.venv}
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: no java found, installing OpenJDK 17 (Spark needs a JVM)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e '.[dev]'
+echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

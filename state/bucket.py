@@ -1,0 +1,141 @@
+"""Many transactions under one state key, each with its own timer.
+
+Why buckets: ``applyInPandasWithState`` costs one Python call and one pandas frame per key per
+micro-batch, which capped a probe keyed by transaction id at ~700 tx/s; keyed by a bounded hash
+bucket it ran ~4x faster (``../shared/notes/measurements.md``). A bucket keeps its transactions
+and their deadlines; the Spark timeout of the bucket is armed at the earliest of them, and every
+call runs the timers that are due, so each transaction keeps its own timer semantics.
+
+The half message itself is kept in the state (not only its offset, as RocketMQ does): a commit
+then releases without a random read of the half topic, which with kafka-python costs a fetch
+round trip per message.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from collections.abc import Iterable, Iterator
+
+from state.effects import Effect
+from state.lifecycle import Event, Status, Transaction, apply, on_timeout
+from state.policy import Policy
+from txstream.message import Decision, EndEvent, Message
+
+__all__ = ["Bucket", "bucket_of", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+def bucket_of(transaction_id: str, buckets: int) -> int:
+    """Stable across processes and Python versions (``hash()`` is salted per process)."""
+    return zlib.crc32(transaction_id.encode("utf-8")) % buckets
+
+
+class Bucket:
+    """The transactions of one bucket, with their timers."""
+
+    __slots__ = ("transactions",)
+
+    def __init__(self, transactions: dict[str, Transaction] | None = None) -> None:
+        self.transactions: dict[str, Transaction] = transactions or {}
+
+    def __len__(self) -> int:
+        return len(self.transactions)
+
+    def __iter__(self) -> Iterator[Transaction]:
+        return iter(self.transactions.values())
+
+    def get(self, transaction_id: str) -> Transaction | None:
+        return self.transactions.get(transaction_id)
+
+    def apply(self, event: Event, now: int, policy: Policy) -> list[Effect]:
+        txid = event.transaction_id
+        assert txid is not None
+        new, effects = apply(self.transactions.get(txid), event, now, policy)
+        self._store(txid, new)
+        return effects
+
+    def fire_due(self, now: int, policy: Policy) -> list[Effect]:
+        """Run every timer that is due at ``now``."""
+        effects: list[Effect] = []
+        due = [tx for tx in self.transactions.values() if tx.deadline <= now]
+        for tx in sorted(due, key=lambda t: (t.deadline, t.transaction_id)):
+            new, more = on_timeout(tx, now, policy)
+            self._store(tx.transaction_id, new)
+            effects.extend(more)
+        return effects
+
+    def next_deadline(self) -> int | None:
+        return min((tx.deadline for tx in self.transactions.values()), default=None)
+
+    def pending(self) -> Iterable[Transaction]:
+        return (tx for tx in self.transactions.values() if not tx.status.resolved)
+
+    def _store(self, txid: str, tx: Transaction | None) -> None:
+        if tx is None:
+            self.transactions.pop(txid, None)
+        else:
+            self.transactions[txid] = tx
+
+    # --- encoding: plain tuples, so the state does not depend on class paths -----------------
+
+    def encode(self) -> bytes:
+        rows = [_tx_to_tuple(tx) for tx in self.transactions.values()]
+        return pickle.dumps((FORMAT_VERSION, rows), protocol=5)
+
+    @classmethod
+    def decode(cls, blob: bytes | None) -> Bucket:
+        if not blob:
+            return cls()
+        version, rows = pickle.loads(blob)
+        if version != FORMAT_VERSION:
+            raise ValueError(f"state format {version} is not {FORMAT_VERSION}")
+        txs = (_tx_from_tuple(row) for row in rows)
+        return cls({tx.transaction_id: tx for tx in txs})
+
+
+def _msg_to_tuple(m: Message | None) -> tuple[object, ...] | None:
+    if m is None:
+        return None
+    return (m.topic, m.body, m.tags, m.keys, m.properties, m.transaction_id, m.msg_id,
+            m.producer_group, m.born_timestamp, m.check_immunity_time_s)
+
+
+def _msg_from_tuple(t: tuple | None) -> Message | None:  # type: ignore[type-arg]
+    if t is None:
+        return None
+    return Message(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
+
+
+def _end_to_tuple(e: EndEvent | None) -> tuple[object, ...] | None:
+    if e is None:
+        return None
+    return (e.transaction_id, e.producer_group, e.decision.value, e.from_check, e.check_times,
+            e.operator, e.remark, e.born_timestamp)
+
+
+def _end_from_tuple(t: tuple | None) -> EndEvent | None:  # type: ignore[type-arg]
+    if t is None:
+        return None
+    return EndEvent(t[0], t[1], Decision(t[2]), t[3], t[4], t[5], t[6], t[7])
+
+
+def _tx_to_tuple(tx: Transaction) -> tuple[object, ...]:
+    return (tx.transaction_id, tx.status.value, tx.deadline, tx.producer_group,
+            _msg_to_tuple(tx.half), _end_to_tuple(tx.held), tx.checks_sent,
+            tx.checks_answered, tx.next_check)
+
+
+def _tx_from_tuple(t: tuple) -> Transaction:  # type: ignore[type-arg]
+    return Transaction(
+        transaction_id=t[0],
+        status=Status(t[1]),
+        deadline=t[2],
+        producer_group=t[3],
+        half=_msg_from_tuple(t[4]),
+        held=_end_from_tuple(t[5]),
+        checks_sent=t[6],
+        checks_answered=t[7],
+        next_check=t[8],
+    )

@@ -1,0 +1,383 @@
+"""The life of one transaction, as a pure state machine.
+
+``apply(tx, event, now, policy)`` and ``on_timeout(tx, now, policy)`` return the transaction's
+new state (``None``: forgotten) and the effects to emit. Nothing here does I/O or reads a clock:
+``now`` is given, so the same inputs always give the same outputs (a replayed micro-batch
+re-emits exactly what it emitted the first time).
+
+Every move is listed in :data:`TRANSITIONS`; ``apply`` refuses anything not listed there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from state.policy import Policy
+from txstream.message import Decision, EndEvent, Message
+
+__all__ = [
+    "Status",
+    "Trigger",
+    "Action",
+    "TRANSITIONS",
+    "Transaction",
+    "Event",
+    "apply",
+    "on_timeout",
+    "trigger_of",
+]
+
+Event = Message | EndEvent
+
+
+
+class Status(str, Enum):
+    EARLY_END = "EARLY_END"  # an end event came before its half message; it is held
+    PENDING = "PENDING"  # the half message is stored, the outcome is not known yet
+    COMMITTED = "COMMITTED"  # released to its real topic (remembered for duplicates)
+    ROLLED_BACK = "ROLLED_BACK"  # dropped (remembered for duplicates)
+    DISCARDED = "DISCARDED"  # given up: on the discard topic (remembered for duplicates)
+
+    @property
+    def resolved(self) -> bool:
+        return self in (Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED)
+
+
+class Trigger(str, Enum):
+    HALF = "HALF"
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+    TIMEOUT = "TIMEOUT"
+
+
+class Action(str, Enum):
+    REGISTER = "register"  # store the half message, arm its first check
+    HOLD_END = "hold_end"  # keep an early end event until its half message comes
+    MERGE_HELD = "merge_held"  # a second early end: a final decision beats UNKNOW
+    APPLY_HELD = "apply_held"  # the half message came: register it, then apply the held end
+    RELEASE = "release"  # commit: emit to the real topic, once
+    DROP = "drop"  # rollback: never visible
+    WAIT = "wait"  # unknown: keep waiting (an answered check counts toward check_max)
+    DUPLICATE = "duplicate"  # harmless repeat: nothing changes
+    REJECT = "reject"  # contradicts the outcome: dead letter, nothing changes
+    CHECK = "check"  # timer: ask a producer of the group, or discard after too many
+    EXPIRE = "expire"  # timer: the held end event never met its half message
+    FORGET = "forget"  # timer: a resolved transaction leaves the state
+
+
+_S, _T, _A = Status, Trigger, Action
+_END_TRIGGERS = (_T.COMMIT, _T.ROLLBACK, _T.UNKNOWN)
+
+# (status before, trigger) -> (status after, action). ``None`` is "not known / forgotten".
+# Where the status after depends on more than the trigger (CHECK may discard, APPLY_HELD
+# ends where the held decision leads), the table names the status the action usually reaches;
+# ``_ALLOWED`` lists every status each action may reach, and ``apply`` checks it.
+TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] = {
+    (None, _T.HALF): (_S.PENDING, _A.REGISTER),
+    **{(None, t): (_S.EARLY_END, _A.HOLD_END) for t in _END_TRIGGERS},
+    (_S.EARLY_END, _T.HALF): (_S.PENDING, _A.APPLY_HELD),
+    **{(_S.EARLY_END, t): (_S.EARLY_END, _A.MERGE_HELD) for t in _END_TRIGGERS},
+    (_S.EARLY_END, _T.TIMEOUT): (None, _A.EXPIRE),
+    (_S.PENDING, _T.HALF): (_S.PENDING, _A.DUPLICATE),
+    (_S.PENDING, _T.COMMIT): (_S.COMMITTED, _A.RELEASE),
+    (_S.PENDING, _T.ROLLBACK): (_S.ROLLED_BACK, _A.DROP),
+    (_S.PENDING, _T.UNKNOWN): (_S.PENDING, _A.WAIT),
+    (_S.PENDING, _T.TIMEOUT): (_S.PENDING, _A.CHECK),
+    (_S.COMMITTED, _T.HALF): (_S.COMMITTED, _A.DUPLICATE),
+    (_S.COMMITTED, _T.COMMIT): (_S.COMMITTED, _A.DUPLICATE),
+    (_S.COMMITTED, _T.ROLLBACK): (_S.COMMITTED, _A.REJECT),
+    (_S.COMMITTED, _T.UNKNOWN): (_S.COMMITTED, _A.DUPLICATE),
+    (_S.COMMITTED, _T.TIMEOUT): (None, _A.FORGET),
+    (_S.ROLLED_BACK, _T.HALF): (_S.ROLLED_BACK, _A.DUPLICATE),
+    (_S.ROLLED_BACK, _T.COMMIT): (_S.ROLLED_BACK, _A.REJECT),
+    (_S.ROLLED_BACK, _T.ROLLBACK): (_S.ROLLED_BACK, _A.DUPLICATE),
+    (_S.ROLLED_BACK, _T.UNKNOWN): (_S.ROLLED_BACK, _A.DUPLICATE),
+    (_S.ROLLED_BACK, _T.TIMEOUT): (None, _A.FORGET),
+    (_S.DISCARDED, _T.HALF): (_S.DISCARDED, _A.DUPLICATE),
+    (_S.DISCARDED, _T.COMMIT): (_S.DISCARDED, _A.REJECT),
+    (_S.DISCARDED, _T.ROLLBACK): (_S.DISCARDED, _A.DUPLICATE),
+    (_S.DISCARDED, _T.UNKNOWN): (_S.DISCARDED, _A.DUPLICATE),
+    (_S.DISCARDED, _T.TIMEOUT): (None, _A.FORGET),
+}
+
+_ALLOWED: dict[Action, frozenset[Status | None]] = {
+    _A.APPLY_HELD: frozenset({_S.PENDING, _S.COMMITTED, _S.ROLLED_BACK}),
+    _A.CHECK: frozenset({_S.PENDING, _S.DISCARDED}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """What the coordinator knows of one transaction.
+
+    ``deadline`` is when :func:`on_timeout` must next run: the next check (or the reserved-time
+    limit) while pending, the end of the wait for a held end event, or when a resolved
+    transaction is forgotten. ``checks_answered`` is the highest check number a producer
+    answered: a check counts toward ``check_max`` only once it reached a producer.
+    """
+
+    transaction_id: str
+    status: Status
+    deadline: int
+    producer_group: str | None = None
+    half: Message | None = None
+    held: EndEvent | None = None
+    checks_sent: int = 0
+    checks_answered: int = 0
+    next_check: int | None = None
+
+
+_Result = tuple[Transaction | None, list[Effect]]
+
+
+def trigger_of(event: Event) -> Trigger:
+    if isinstance(event, Message):
+        return Trigger.HALF
+    return {
+        Decision.COMMIT_MESSAGE: Trigger.COMMIT,
+        Decision.ROLLBACK_MESSAGE: Trigger.ROLLBACK,
+        Decision.UNKNOW: Trigger.UNKNOWN,
+    }[event.decision]
+
+
+def _txid(event: Event) -> str:
+    txid = event.transaction_id
+    if not txid:
+        raise ValueError("event has no transaction id")
+    return txid
+
+
+def _note(txid: str, event: str, now: int, **detail: object) -> Note:
+    return Note(txid, event, now, detail)
+
+
+def _first_check(half: Message, now: int, policy: Policy) -> int:
+    # A born time in the future (clock skew) must not postpone the check: RocketMQ checks those
+    # at once; we start counting from now instead.
+    born = min(half.born_timestamp if half.born_timestamp is not None else now, now)
+    if half.check_immunity_time_s is not None:
+        return born + half.check_immunity_time_s * 1000
+    return born + policy.transaction_timeout
+
+
+def _pending_deadline(half: Message, next_check: int, policy: Policy) -> int:
+    born = half.born_timestamp if half.born_timestamp is not None else next_check
+    return min(next_check, born + policy.reserved_time)
+
+
+def _resolved(tx: Transaction, status: Status, now: int, policy: Policy) -> Transaction:
+    """Keep only what recognising duplicates needs: no body, no timers but forgetting."""
+    return Transaction(
+        transaction_id=tx.transaction_id,
+        status=status,
+        deadline=now + policy.resolved_retention,
+        producer_group=tx.producer_group,
+        checks_sent=tx.checks_sent,
+        checks_answered=tx.checks_answered,
+    )
+
+
+def apply(
+    tx: Transaction | None, event: Event, now: int, policy: Policy
+) -> tuple[Transaction | None, list[Effect]]:
+    """Apply a half message or an end event to the transaction it names."""
+    txid = _txid(event)
+    if tx is not None and tx.transaction_id != txid:
+        raise ValueError(f"event for {txid} applied to transaction {tx.transaction_id}")
+    trigger = trigger_of(event)
+    if trigger is Trigger.TIMEOUT:  # pragma: no cover - trigger_of never returns it
+        raise ValueError("timeouts go through on_timeout")
+    status = tx.status if tx is not None else None
+    after, action = TRANSITIONS[(status, trigger)]
+
+    if isinstance(event, EndEvent) and tx is not None and tx.status is not Status.EARLY_END:
+        if not event.by_admin and event.producer_group != tx.producer_group:
+            reason = (
+                f"producer group {event.producer_group!r} does not own transaction {txid} "
+                f"(owned by {tx.producer_group!r})"
+            )
+            return tx, [DeadLetter(event, reason), _note(txid, "rejected", now, reason=reason)]
+
+    new, effects = _ACTIONS[action](tx, event, now, policy)
+    expected = _ALLOWED.get(action, frozenset({after}))
+    if (new.status if new else None) not in expected:  # pragma: no cover - a bug, not input
+        raise AssertionError(f"{action} led {status}->{new and new.status}, not {expected}")
+    return new, effects
+
+
+def on_timeout(tx: Transaction, now: int, policy: Policy) -> tuple[Transaction | None, list[Effect]]:
+    """Run the transaction's timer if it is due; otherwise change nothing."""
+    if now < tx.deadline:
+        return tx, []
+    _, action = TRANSITIONS[(tx.status, Trigger.TIMEOUT)]
+    if action is Action.CHECK:
+        return _check_or_discard(tx, now, policy)
+    if action is Action.EXPIRE:
+        assert tx.held is not None
+        waited = policy.orphan_end_timeout // 1000
+        reason = f"no half message for transaction {tx.transaction_id} within {waited}s"
+        return None, [DeadLetter(tx.held, reason), _note(tx.transaction_id, "expired", now,
+                                                          reason=reason)]
+    return None, []  # FORGET: duplicates of it are no longer recognised
+
+
+# --- actions (tx, event, now, policy) -> (new tx, effects) -----------------------------------
+
+
+def _register(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
+    assert isinstance(half, Message)
+    txid = _txid(half)
+    next_check = _first_check(half, now, policy)
+    new = Transaction(
+        transaction_id=txid,
+        status=Status.PENDING,
+        deadline=_pending_deadline(half, next_check, policy),
+        producer_group=half.producer_group,
+        half=half,
+        next_check=next_check,
+    )
+    return new, [_note(txid, "half", now, group=half.producer_group, topic=half.topic,
+                       first_check=next_check)]
+
+
+def _hold_end(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert isinstance(end, EndEvent)
+    new = Transaction(
+        transaction_id=end.transaction_id,
+        status=Status.EARLY_END,
+        deadline=now + policy.orphan_end_timeout,
+        producer_group=end.producer_group,
+        held=end,
+    )
+    return new, [_note(end.transaction_id, "end_before_half", now,
+                       decision=end.decision.value)]
+
+
+def _merge_held(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and tx.held is not None and isinstance(end, EndEvent)
+    held = tx.held
+    if end.decision.is_final and held.decision.is_final and end.decision != held.decision:
+        reason = f"{end.decision.value} contradicts the earlier {held.decision.value}"
+        return tx, [DeadLetter(end, reason), _note(tx.transaction_id, "rejected", now,
+                                                   reason=reason)]
+    if end.decision.is_final and not held.decision.is_final:
+        return replace(tx, held=end), [_note(tx.transaction_id, "end_before_half", now,
+                                             decision=end.decision.value)]
+    return tx, [_note(tx.transaction_id, "duplicate", now, decision=end.decision.value)]
+
+
+def _apply_held(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and tx.held is not None and isinstance(half, Message)
+    held = tx.held
+    registered, effects = _register(None, half, now, policy)
+    assert registered is not None
+    if not held.by_admin and held.producer_group != half.producer_group:
+        reason = (
+            f"producer group {held.producer_group!r} does not own transaction "
+            f"{tx.transaction_id} (owned by {half.producer_group!r})"
+        )
+        return registered, effects + [DeadLetter(held, reason),
+                                      _note(tx.transaction_id, "rejected", now, reason=reason)]
+    new, more = apply(registered, held, now, policy)
+    return new, effects + more
+
+
+def _release(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and tx.half is not None and isinstance(end, EndEvent)
+    detail = _decision_detail(end)
+    return _resolved(tx, Status.COMMITTED, now, policy), [
+        Release(tx.half, end.born_timestamp),
+        _note(tx.transaction_id, "released", now, **detail),
+    ]
+
+
+def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and isinstance(end, EndEvent)
+    return _resolved(tx, Status.ROLLED_BACK, now, policy), [
+        _note(tx.transaction_id, "rolled_back", now, **_decision_detail(end))
+    ]
+
+
+def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and isinstance(end, EndEvent)
+    new = tx
+    if end.from_check:
+        answered = end.check_times if end.check_times is not None else tx.checks_answered + 1
+        new = replace(tx, checks_answered=max(tx.checks_answered, answered))
+    return new, [_note(tx.transaction_id, "unknown", now, checks_answered=new.checks_answered,
+                       **_decision_detail(end))]
+
+
+def _duplicate(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None
+    what = "half" if isinstance(event, Message) else event.decision.value
+    return tx, [_note(tx.transaction_id, "duplicate", now, of=what, status=tx.status.value)]
+
+
+def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and isinstance(end, EndEvent)
+    reason = (
+        f"{end.decision.value} for transaction {tx.transaction_id} which is already "
+        f"{tx.status.value}"
+    )
+    return tx, [DeadLetter(end, reason), _note(tx.transaction_id, "rejected", now, reason=reason)]
+
+
+def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> tuple[Transaction, list[Effect]]:
+    half = tx.half
+    assert half is not None and tx.next_check is not None
+    born = half.born_timestamp if half.born_timestamp is not None else now
+    reason = None
+    if now - born >= policy.reserved_time:
+        hours = policy.reserved_time / 3_600_000
+        reason = f"half message older than the reserved time of {hours:g} h"
+    elif tx.checks_answered >= policy.check_max:
+        reason = (
+            f"still unknown after {tx.checks_answered} answered checks "
+            f"(check_max={policy.check_max})"
+        )
+    if reason is not None:
+        discarded = _resolved(tx, Status.DISCARDED, now, policy)
+        return discarded, [
+            Discard(half, reason, tx.checks_answered),
+            _note(tx.transaction_id, "discarded", now, reason=reason,
+                  checks_sent=tx.checks_sent),
+        ]
+    number = tx.checks_sent + 1
+    next_check = now + policy.check_interval
+    new = replace(
+        tx,
+        checks_sent=number,
+        next_check=next_check,
+        deadline=_pending_deadline(half, next_check, policy),
+    )
+    late = now - tx.next_check
+    return new, [
+        RequestCheck(half, number, late),
+        _note(tx.transaction_id, "check_sent", now, check=number, late_ms=late),
+    ]
+
+
+def _decision_detail(end: EndEvent) -> dict[str, object]:
+    detail: dict[str, object] = {"decision": end.decision.value, "from_check": end.from_check}
+    if end.operator:
+        detail["operator"] = end.operator
+    if end.remark:
+        detail["remark"] = end.remark
+    return detail
+
+
+_ACTIONS = {
+    Action.REGISTER: _register,
+    Action.HOLD_END: _hold_end,
+    Action.MERGE_HELD: _merge_held,
+    Action.APPLY_HELD: _apply_held,
+    Action.RELEASE: _release,
+    Action.DROP: _drop,
+    Action.WAIT: _wait,
+    Action.DUPLICATE: _duplicate,
+    Action.REJECT: _reject,
+}

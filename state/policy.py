@@ -1,0 +1,49 @@
+"""The coordinator's timing rules, with RocketMQ's broker defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Policy"]
+
+SECOND = 1000
+HOUR = 3600 * SECOND
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """All durations in milliseconds.
+
+    | field                 | RocketMQ broker setting    | default |
+    |-----------------------|----------------------------|---------|
+    | transaction_timeout   | transactionTimeOut         | 6 s     |
+    | check_interval        | transactionCheckInterval   | 60 s    |
+    | check_max             | transactionCheckMax        | 15      |
+    | reserved_time         | fileReservedTime           | 72 h    |
+    | orphan_end_timeout    | (none: txstream)           | 60 s    |
+    | resolved_retention    | (none: txstream)           | 120 s   |
+
+    ``orphan_end_timeout``: how long an end event waits for its half message before it goes to
+    the dead-letter topic. ``resolved_retention``: how long a resolved transaction is remembered
+    so that duplicates and conflicting decisions are recognised.
+    """
+
+    transaction_timeout: int = 6 * SECOND
+    check_interval: int = 60 * SECOND
+    check_max: int = 15
+    reserved_time: int = 72 * HOUR
+    orphan_end_timeout: int = 60 * SECOND
+    resolved_retention: int = 120 * SECOND
+
+    def __post_init__(self) -> None:
+        for name in (
+            "transaction_timeout",
+            "check_interval",
+            "reserved_time",
+            "orphan_end_timeout",
+            "resolved_retention",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.check_max < 0:
+            raise ValueError("check_max must not be negative")

@@ -1,0 +1,161 @@
+"""The coordinator's configuration: one dataclass, RocketMQ's defaults, flags and env vars.
+
+Every option has a command-line flag (``--check-max``) and an environment variable
+(``TXSTREAM_CHECK_MAX``); a flag beats the variable, the variable beats the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from state.policy import Policy
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.topics import Topics
+
+__all__ = ["RunConfig", "parse_duration_ms", "add_run_arguments", "config_from_args"]
+
+DEFAULT_CHECKPOINT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+
+
+def parse_duration_ms(text: str | int | float) -> int:
+    """``'6s'``, ``'250ms'``, ``'72h'``, ``'1.5m'`` or a bare number of seconds -> milliseconds."""
+    if isinstance(text, (int, float)):
+        return int(text * 1000)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"not a duration: {text!r} (examples: 6s, 250ms, 60s, 72h)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit or "s"])
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``txstream run`` needs. Defaults: RocketMQ's, and what measured best here."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: Topics = field(default_factory=Topics)
+    policy: Policy = field(default_factory=Policy)
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
+    trigger_ms: int = 0  # 0: next batch as soon as the last ends (best latency, ~1 core idle)
+    buckets: int = 64  # state keys; see state/bucket.py for why not one key per transaction
+    shuffle_partitions: int = 2
+    state_store: str = "default"  # or "rocksdb"
+    max_offsets_per_trigger: int | None = 20_000
+    topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
+    history: bool = True  # write every transition to the history topic (txstream history)
+    metrics_port: int | None = None
+    query_name: str = "txstream-coordinator"
+
+    def __post_init__(self) -> None:
+        if self.buckets < 1:
+            raise ConfigError("buckets must be at least 1")
+        if self.shuffle_partitions < 1:
+            raise ConfigError("shuffle partitions must be at least 1")
+        if self.state_store not in ("default", "rocksdb"):
+            raise ConfigError("state store must be 'default' or 'rocksdb'")
+        if self.trigger_ms < 0:
+            raise ConfigError("trigger must not be negative")
+
+    def with_(self, **changes: Any) -> RunConfig:
+        return replace(self, **changes)
+
+
+# name, type, default-from-RunConfig/Policy, help. Durations are given as text ("6s").
+_OPTIONS: list[tuple[str, str, str]] = [
+    ("transaction-timeout", "duration", "first back-check after this (transactionTimeOut)"),
+    ("check-interval", "duration", "time between back-checks (transactionCheckInterval)"),
+    ("check-max", "int", "answered checks before discard (transactionCheckMax)"),
+    ("reserved-time", "duration", "discard half messages older than this (fileReservedTime)"),
+    ("orphan-end-timeout", "duration", "how long an end event waits for its half message"),
+    ("resolved-retention", "duration", "how long resolved transactions are remembered"),
+]
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get("TXSTREAM_" + name.upper().replace("-", "_"))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``txstream run`` (also used by ``demo`` and ``bench``)."""
+    p = parser
+    p.add_argument("--bootstrap-servers", default=_env("bootstrap-servers"),
+                   help="Kafka HOST:PORT; default: start an embedded tansu broker")
+    p.add_argument("--checkpoint-dir", default=_env("checkpoint-dir"),
+                   help=f"default {DEFAULT_CHECKPOINT_ROOT / 'coordinator'}")
+    for name, _kind, text in _OPTIONS:
+        p.add_argument(f"--{name}", default=_env(name), help=text)
+    p.add_argument("--trigger", default=_env("trigger") or "0s",
+                   help="micro-batch trigger interval (0s: back to back)")
+    p.add_argument("--buckets", type=int, default=_env("buckets"))
+    p.add_argument("--shuffle-partitions", type=int, default=_env("shuffle-partitions"))
+    p.add_argument("--state-store", choices=("default", "rocksdb"), default=_env("state-store"))
+    p.add_argument("--max-offsets-per-trigger", type=int,
+                   default=_env("max-offsets-per-trigger"))
+    p.add_argument("--topic-prefix", default=_env("topic-prefix") or "",
+                   help="prefix for every system topic (several coordinators on one broker)")
+    p.add_argument("--metrics-port", type=int, default=_env("metrics-port"),
+                   help="serve Prometheus metrics on this port")
+    p.add_argument("--no-history", action="store_true",
+                   default=(_env("no-history") or "").lower() in ("1", "true", "yes"),
+                   help="do not write transitions to the history topic")
+    p.add_argument("--security-protocol", default=_env("security-protocol"))
+    p.add_argument("--sasl-mechanism", default=_env("sasl-mechanism"))
+    p.add_argument("--sasl-username", default=_env("sasl-username"))
+    p.add_argument("--sasl-password", default=_env("sasl-password"))
+    p.add_argument("--ssl-cafile", default=_env("ssl-cafile"))
+    p.add_argument("--ssl-certfile", default=_env("ssl-certfile"))
+    p.add_argument("--ssl-keyfile", default=_env("ssl-keyfile"))
+
+
+def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunConfig:
+    """Build the RunConfig from parsed flags; ``bootstrap_servers`` is already resolved."""
+    policy_changes: dict[str, int] = {}
+    for name, kind, _text in _OPTIONS:
+        value = getattr(args, name.replace("-", "_"))
+        if value is None:
+            continue
+        field_name = name.replace("-", "_")
+        try:
+            policy_changes[field_name] = (
+                parse_duration_ms(value) if kind == "duration" else int(value)
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--{name}: {exc}") from None
+    try:
+        policy = replace(Policy(), **policy_changes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    kafka = KafkaSettings.from_env(
+        bootstrap_servers=bootstrap_servers,
+        security_protocol=args.security_protocol,
+        sasl_mechanism=args.sasl_mechanism,
+        sasl_username=args.sasl_username,
+        sasl_password=args.sasl_password,
+        ssl_cafile=args.ssl_cafile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
+    changes: dict[str, Any] = {
+        "kafka": kafka,
+        "policy": policy,
+        "topics": Topics.with_prefix(args.topic_prefix),
+        "trigger_ms": parse_duration_ms(args.trigger),
+        "history": not args.no_history,
+        "metrics_port": int(args.metrics_port) if args.metrics_port else None,
+    }
+    if args.checkpoint_dir:
+        changes["checkpoint_dir"] = Path(args.checkpoint_dir)
+    for name in ("buckets", "shuffle_partitions", "state_store", "max_offsets_per_trigger"):
+        value = getattr(args, name)
+        if value is not None:
+            changes[name] = int(value) if name != "state_store" else value
+    return RunConfig(**changes)

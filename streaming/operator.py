@@ -1,0 +1,188 @@
+"""The ``applyInPandasWithState`` function: a thin adapter around the pure core.
+
+Per call (one bucket, one micro-batch): decode the bucket's state, turn each event row into a
+``Message``/``EndEvent`` and apply it, run the timers that are due, encode the state back, arm
+the bucket's processing-time timeout at its earliest transaction deadline, and turn the core's
+effects into records to write. ``now`` is Spark's batch timestamp, which a replayed batch keeps,
+so a replay emits exactly what the first run emitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pandas as pd
+
+from state.bucket import Bucket
+from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from state.policy import Policy
+from txstream.message import Decision, EndEvent, Message
+from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind
+from txstream.topics import Topics
+from txstream.wire import (
+    Record,
+    encode_check,
+    encode_dead_letter,
+    encode_discard,
+    encode_end,
+    encode_half,
+    encode_history,
+    encode_visible,
+)
+
+__all__ = ["coordinator_function", "event_from_row", "records_for"]
+
+_OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
+# (kind, record, transaction id, event, lag_ms)
+_Row = tuple[str, Record, str | None, str, int | None]
+
+
+def _opt_int(value: Any) -> int | None:
+    """pandas turns a nullable integer column with nulls into floats with NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def event_from_row(row: Any) -> Message | EndEvent:
+    """An EVENT_SCHEMA row (half or end) as the core's event."""
+    if row.kind == EventKind.HALF:
+        props = row.properties
+        return Message(
+            topic=row.topic,
+            body=bytes(row.body) if row.body is not None else b"",
+            tags=_opt_str(row.tags),
+            keys=_opt_str(row.keys),
+            properties=dict(props) if props is not None and not isinstance(props, float) else {},
+            transaction_id=row.transaction_id,
+            msg_id=_opt_str(row.msg_id) or row.transaction_id,
+            producer_group=row.producer_group,
+            born_timestamp=_opt_int(row.born_ms),
+            check_immunity_time_s=_opt_int(row.immunity_s),
+        )
+    return EndEvent(
+        transaction_id=row.transaction_id,
+        producer_group=row.producer_group,
+        decision=Decision(row.decision),
+        from_check=bool(row.from_check) if row.from_check is not None else False,
+        check_times=_opt_int(row.check_times),
+        operator=_opt_str(row.operator),
+        remark=_opt_str(row.remark),
+        born_timestamp=_opt_int(row.born_ms),
+    )
+
+
+def _malformed(row: Any, topics: Topics) -> _Row:
+    raw_headers = row.raw_headers
+    headers = tuple(
+        (h["key"], bytes(h["value"]) if h["value"] is not None else b"")
+        if isinstance(h, dict)
+        else (h[0], bytes(h[1]) if h[1] is not None else b"")
+        for h in (raw_headers if raw_headers is not None else ())
+    )
+    original = Record(
+        row.src_topic,
+        bytes(row.raw_key) if row.raw_key is not None else None,
+        bytes(row.raw_value) if row.raw_value is not None else None,
+        headers,
+    )
+    dead = encode_dead_letter(
+        original, str(row.error), _opt_int(row.src_partition) or 0,
+        _opt_int(row.src_offset) or 0, topics,
+    )
+    return (Kind.DEAD_LETTER, dead, None, Kind.DEAD_LETTER, None)
+
+
+def records_for(
+    effects: Iterable[Effect],
+    now: int,
+    topics: Topics,
+    origin: tuple[Any, int, int] | None = None,
+) -> Iterator[_Row]:
+    """The records the core's effects ask for. ``origin``: (event, partition, offset) read."""
+    for effect in effects:
+        if isinstance(effect, Release):
+            msg = effect.message
+            lag = now - effect.committed_at if effect.committed_at is not None else None
+            yield (Kind.VISIBLE, encode_visible(msg), msg.transaction_id, Kind.VISIBLE, lag)
+        elif isinstance(effect, RequestCheck):
+            msg = effect.message
+            record = encode_check(msg, effect.check_times, topics)
+            yield (Kind.CHECK, record, msg.transaction_id, Kind.CHECK, effect.late_ms)
+        elif isinstance(effect, Discard):
+            msg = effect.message
+            record = encode_discard(msg, effect.reason, effect.check_times, topics)
+            yield (Kind.DISCARD, record, msg.transaction_id, Kind.DISCARD, None)
+        elif isinstance(effect, DeadLetter):
+            event = effect.event
+            original = (
+                encode_half(event, topics) if isinstance(event, Message)
+                else encode_end(event, topics)
+            )
+            partition, offset = -1, -1
+            if origin is not None and origin[0] is event:
+                partition, offset = origin[1], origin[2]
+            record = encode_dead_letter(original, effect.reason, partition, offset, topics)
+            yield (Kind.DEAD_LETTER, record, event.transaction_id, Kind.DEAD_LETTER, None)
+        elif isinstance(effect, Note):
+            record = encode_history(effect.transaction_id, effect.at, effect.event,
+                                    effect.detail, topics)
+            yield (Kind.HISTORY, record, effect.transaction_id, effect.event, None)
+
+
+def _frame(rows: list[_Row]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "kind": [r[0] for r in rows],
+            "topic": [r[1].topic for r in rows],
+            "key": [r[1].key for r in rows],
+            "value": [r[1].value for r in rows],
+            "headers": [list(r[1].headers) for r in rows],
+            "transaction_id": [r[2] for r in rows],
+            "event": [r[3] for r in rows],
+            "lag_ms": pd.array([r[4] for r in rows], dtype="Int64"),
+        },
+        columns=_OUTPUT_NAMES,
+    )
+
+
+def coordinator_function(
+    policy: Policy, topics: Topics
+) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
+    """The function for ``groupBy("bucket").applyInPandasWithState``."""
+
+    def coordinate(
+        key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        bucket = Bucket.decode(state.get[0]) if state.exists else Bucket()
+        now = int(state.getCurrentProcessingTimeMs())
+        rows: list[_Row] = []
+        for frame in frames:
+            for row in frame.itertuples(index=False):
+                if row.kind == EventKind.MALFORMED:
+                    rows.append(_malformed(row, topics))
+                    continue
+                event = event_from_row(row)
+                effects = bucket.apply(event, now, policy)
+                origin = (event, int(row.src_partition), int(row.src_offset))
+                rows.extend(records_for(effects, now, topics, origin))
+        # Events first: a commit in this batch spares the transaction a check due now.
+        rows.extend(records_for(bucket.fire_due(now, policy), now, topics))
+        deadline = bucket.next_deadline()
+        if deadline is None:
+            state.remove()
+        else:
+            state.update((bucket.encode(),))
+            state.setTimeoutDuration(max(1, deadline - now))
+        if rows:
+            yield _frame(rows)
+
+    return coordinate

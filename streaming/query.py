@@ -1,0 +1,108 @@
+"""The coordinator: one streaming query from the half/end topics to every output topic.
+
+    txstream-events (half + end topics)
+      -> bucket = crc32(transaction id) % buckets
+      -> groupBy(bucket).applyInPandasWithState(ProcessingTimeTimeout)   [streaming.operator]
+      -> observe(per-kind counters)                                      [streaming.progress]
+      -> txstream-records (real topics, check topics, discard, dead letter, history)
+
+The state update and the sink's writes commit together per micro-batch: a batch whose writes
+are not all acknowledged fails and is replayed from the checkpoint with the state it started
+with, so a back-check counts only once it was delivered and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streaming.config import RunConfig
+from streaming.operator import coordinator_function
+from txstream.schema import OUTPUT_SCHEMA, STATE_SCHEMA, EventKind, Kind
+
+__all__ = ["build_stream", "start_coordinator", "OBSERVATION"]
+
+OBSERVATION = "txstream"
+
+
+def _observed_metrics() -> list[Any]:
+    """Per-batch counters, delivered to StreamingQueryListeners on the driver."""
+    from pyspark.sql import functions as F
+
+    def count(condition: Any, name: str) -> Any:
+        return F.count(F.when(condition, 1)).alias(name)
+
+    kind, event = F.col("kind"), F.col("event")
+    history = kind == Kind.HISTORY
+    return [
+        count(kind == Kind.VISIBLE, "released"),
+        count(kind == Kind.CHECK, "checks_sent"),
+        count(kind == Kind.DISCARD, "discarded"),
+        count(kind == Kind.DEAD_LETTER, "dead_letters"),
+        count(history & (event == "half"), "halves"),
+        count(history & (event == "rolled_back"), "rolled_back"),
+        count(history & (event == "rejected"), "rejected"),
+        count(history & (event == "duplicate"), "duplicates"),
+        count(history & (event == "expired"), "expired"),
+        F.max(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_max_ms"),
+        F.sum(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_sum_ms"),
+        F.max(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_max_ms"),
+        F.sum(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_sum_ms"),
+        count((kind == Kind.VISIBLE) & F.col("lag_ms").isNotNull(), "visible_lag_count"),
+    ]
+
+
+def build_stream(spark: Any, config: RunConfig) -> Any:
+    """The coordinator's DataStreamWriter, not yet started."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    from sinks.kafka_sink import register as register_sink
+    from sources.kafka_source import register as register_source
+
+    register_source(spark)
+    register_sink(spark)
+    kafka = json.dumps(config.kafka.as_dict())
+    reader = (
+        spark.readStream.format("txstream-events")
+        .option("kafka", kafka)
+        .option("half_topic", config.topics.half)
+        .option("end_topic", config.topics.end)
+        .option("topic_partitions", str(config.topic_partitions))
+    )
+    if config.max_offsets_per_trigger:
+        reader = reader.option("max_offsets_per_trigger", str(config.max_offsets_per_trigger))
+    events = reader.load()
+    n = F.lit(config.buckets)
+    # Malformed records have no transaction id; spread them by offset. crc32 matches
+    # state.bucket.bucket_of, so admin tools find a transaction's bucket the same way.
+    bucket = F.when(
+        F.col("kind") == EventKind.MALFORMED, F.pmod(F.col("src_offset"), n)
+    ).otherwise(F.pmod(F.crc32(F.encode(F.col("transaction_id"), "UTF-8")), n))
+    outputs = (
+        events.withColumn("bucket", bucket.cast("int"))
+        .groupBy("bucket")
+        .applyInPandasWithState(
+            coordinator_function(config.policy, config.topics),
+            OUTPUT_SCHEMA,
+            STATE_SCHEMA,
+            "append",
+            GroupStateTimeout.ProcessingTimeTimeout,
+        )
+        .observe(OBSERVATION, *_observed_metrics())
+    )
+    if not config.history:
+        outputs = outputs.filter(F.col("kind") != Kind.HISTORY)
+    return (
+        outputs.writeStream.format("txstream-records")
+        .option("kafka", kafka)
+        .option("checkpointLocation", str(config.checkpoint_dir))
+        .outputMode("append")
+        .queryName(config.query_name)
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+    )
+
+
+def start_coordinator(spark: Any, config: RunConfig) -> Any:
+    """Start the coordinator query on ``spark``; returns the StreamingQuery."""
+    config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return build_stream(spark, config).start()

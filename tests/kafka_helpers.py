@@ -1,0 +1,128 @@
+"""Small Kafka helpers for tests: produce records, read a topic to its end, wait for output."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from kafka import TopicPartition
+
+from txstream.kafka import KafkaSettings, make_consumer, make_producer
+from txstream.message import Decision, EndEvent, Message
+from txstream.topics import Topics
+from txstream.wire import Record, decode_history, encode_end, encode_half
+
+T = TypeVar("T")
+
+__all__ = [
+    "produce",
+    "read_topic",
+    "wait_for",
+    "wait_until",
+    "now_ms",
+    "half_record",
+    "end_record",
+    "history_of",
+    "headers_of",
+]
+
+
+def produce(settings: KafkaSettings, records: Iterable[Record]) -> None:
+    producer = make_producer(settings)
+    try:
+        futures = [
+            producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers))
+            for r in records
+        ]
+        producer.flush()
+        for f in futures:
+            f.get(timeout=10)
+    finally:
+        producer.close()
+
+
+def read_topic(settings: KafkaSettings, topic: str, timeout_s: float = 2.0) -> list[Any]:
+    """Every record of ``topic`` (all partitions) up to its current end, in offset order."""
+    consumer = make_consumer(settings)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        done: set[TopicPartition] = set()
+        while time.monotonic() < deadline and len(done) < len(tps):
+            batch = consumer.poll(timeout_ms=200)
+            for recs in batch.values():
+                out.extend(recs)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None and consumer.position(tp) >= hw:
+                    done.add(tp)
+        return sorted(out, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.25) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail with its last value."""
+    deadline = time.monotonic() + timeout_s
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = predicate()
+    assert value, f"condition not met within {timeout_s}s (last value: {value!r})"
+    return value
+
+
+def wait_for(
+    settings: KafkaSettings, topic: str, count: int, timeout_s: float = 60.0
+) -> list[Any]:
+    """Wait until ``topic`` holds at least ``count`` records and return them all."""
+    return wait_until(lambda: (r := read_topic(settings, topic)) and len(r) >= count and r,
+                      timeout_s)
+
+
+# --- records of the wire format, for tests that play producer without the client library ----
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def half_record(
+    topics: Topics,
+    txid: str,
+    group: str,
+    topic: str,
+    body: bytes = b"body",
+    born_ms: int | None = None,
+    **fields: Any,
+) -> Record:
+    msg = Message(topic, body, transaction_id=txid, msg_id=txid, producer_group=group,
+                  born_timestamp=now_ms() if born_ms is None else born_ms, **fields)
+    return encode_half(msg, topics)
+
+
+def end_record(
+    topics: Topics, txid: str, group: str, decision: Decision, **fields: Any
+) -> Record:
+    fields.setdefault("born_timestamp", now_ms())
+    return encode_end(EndEvent(txid, group, decision, **fields), topics)
+
+
+def history_of(settings: KafkaSettings, topics: Topics, txid: str) -> list[dict[str, Any]]:
+    """The history notes the coordinator wrote for one transaction, oldest first."""
+    return [
+        decode_history(r.value)
+        for r in read_topic(settings, topics.history)
+        if r.key == txid.encode()
+    ]
+
+
+def headers_of(record: Any) -> dict[str, str]:
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in record.headers}
