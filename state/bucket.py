@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import zlib
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from state.effects import Effect
 from state.lifecycle import Event, Status, Transaction, apply, on_timeout
@@ -24,7 +25,10 @@ from txstream.message import Decision, EndEvent, Message
 
 __all__ = ["Bucket", "bucket_of", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
+# 2: several held end events per transaction, and the message's queue position. Format 1 is
+# still read so that a checkpoint survives the upgrade.
+FORMAT_VERSION = 2
+_READABLE = (1, FORMAT_VERSION)
 
 
 def bucket_of(transaction_id: str, buckets: int) -> int:
@@ -45,6 +49,16 @@ class Bucket:
 
     def __iter__(self) -> Iterator[Transaction]:
         return iter(self.transactions.values())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Bucket):
+            return NotImplemented
+        return self.transactions == other.transactions
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal buckets may differ later
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.transactions!r})"
 
     def get(self, transaction_id: str) -> Transaction | None:
         return self.transactions.get(transaction_id)
@@ -89,9 +103,9 @@ class Bucket:
         if not blob:
             return cls()
         version, rows = pickle.loads(blob)
-        if version != FORMAT_VERSION:
-            raise ValueError(f"state format {version} is not {FORMAT_VERSION}")
-        txs = (_tx_from_tuple(row) for row in rows)
+        if version not in _READABLE:
+            raise ValueError(f"state format {version} is not one of {_READABLE}")
+        txs = (_tx_from_tuple(row, version) for row in rows)
         return cls({tx.transaction_id: tx for tx in txs})
 
 
@@ -99,42 +113,44 @@ def _msg_to_tuple(m: Message | None) -> tuple[object, ...] | None:
     if m is None:
         return None
     return (m.topic, m.body, m.tags, m.keys, m.properties, m.transaction_id, m.msg_id,
-            m.producer_group, m.born_timestamp, m.check_immunity_time_s)
+            m.producer_group, m.born_timestamp, m.check_immunity_time_s, m.queue_id,
+            m.queue_offset, m.reconsume_times)
 
 
-def _msg_from_tuple(t: tuple | None) -> Message | None:  # type: ignore[type-arg]
+def _msg_from_tuple(t: tuple[Any, ...] | None) -> Message | None:
     if t is None:
         return None
-    return Message(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
+    return Message(*t)  # format 1 has the first ten fields only: the rest keep their defaults
 
 
-def _end_to_tuple(e: EndEvent | None) -> tuple[object, ...] | None:
-    if e is None:
-        return None
+def _end_to_tuple(e: EndEvent) -> tuple[object, ...]:
     return (e.transaction_id, e.producer_group, e.decision.value, e.from_check, e.check_times,
             e.operator, e.remark, e.born_timestamp)
 
 
-def _end_from_tuple(t: tuple | None) -> EndEvent | None:  # type: ignore[type-arg]
-    if t is None:
-        return None
+def _end_from_tuple(t: tuple[Any, ...]) -> EndEvent:
     return EndEvent(t[0], t[1], Decision(t[2]), t[3], t[4], t[5], t[6], t[7])
 
 
 def _tx_to_tuple(tx: Transaction) -> tuple[object, ...]:
     return (tx.transaction_id, tx.status.value, tx.deadline, tx.producer_group,
-            _msg_to_tuple(tx.half), _end_to_tuple(tx.held), tx.checks_sent,
+            _msg_to_tuple(tx.half), tuple(_end_to_tuple(e) for e in tx.held), tx.checks_sent,
             tx.checks_answered, tx.next_check)
 
 
-def _tx_from_tuple(t: tuple) -> Transaction:  # type: ignore[type-arg]
+def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
+    held: tuple[EndEvent, ...]
+    if version == 1:  # one held end event or None
+        held = (_end_from_tuple(t[5]),) if t[5] is not None else ()
+    else:
+        held = tuple(_end_from_tuple(e) for e in t[5])
     return Transaction(
         transaction_id=t[0],
         status=Status(t[1]),
         deadline=t[2],
         producer_group=t[3],
         half=_msg_from_tuple(t[4]),
-        held=_end_from_tuple(t[5]),
+        held=held,
         checks_sent=t[6],
         checks_answered=t[7],
         next_check=t[8],

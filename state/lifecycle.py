@@ -32,7 +32,6 @@ __all__ = [
 Event = Message | EndEvent
 
 
-
 class Status(str, Enum):
     EARLY_END = "EARLY_END"  # an end event came before its half message; it is held
     PENDING = "PENDING"  # the half message is stored, the outcome is not known yet
@@ -56,8 +55,8 @@ class Trigger(str, Enum):
 class Action(str, Enum):
     REGISTER = "register"  # store the half message, arm its first check
     HOLD_END = "hold_end"  # keep an early end event until its half message comes
-    MERGE_HELD = "merge_held"  # a second early end: a final decision beats UNKNOW
-    APPLY_HELD = "apply_held"  # the half message came: register it, then apply the held end
+    MERGE_HELD = "merge_held"  # another early end: held beside the others, or merged with its own
+    APPLY_HELD = "apply_held"  # the half message came: register it, then apply the held ends
     RELEASE = "release"  # commit: emit to the real topic, once
     DROP = "drop"  # rollback: never visible
     WAIT = "wait"  # unknown: keep waiting (an answered check counts toward check_max)
@@ -114,9 +113,14 @@ class Transaction:
     """What the coordinator knows of one transaction.
 
     ``deadline`` is when :func:`on_timeout` must next run: the next check (or the reserved-time
-    limit) while pending, the end of the wait for a held end event, or when a resolved
+    limit) while pending, the end of the wait for held end events, or when a resolved
     transaction is forgotten. ``checks_answered`` is the highest check number a producer
     answered: a check counts toward ``check_max`` only once it reached a producer.
+
+    ``held``: end events that came before the half message, in the order their decisions came,
+    at most one per sender (a producer group, or the admins). Until the half message names the
+    owning group nobody knows whose decision counts, so an end event from a wrong group must
+    not displace or contradict the owner's.
     """
 
     transaction_id: str
@@ -124,7 +128,7 @@ class Transaction:
     deadline: int
     producer_group: str | None = None
     half: Message | None = None
-    held: EndEvent | None = None
+    held: tuple[EndEvent, ...] = ()
     checks_sent: int = 0
     checks_answered: int = 0
     next_check: int | None = None
@@ -158,8 +162,11 @@ def _first_check(half: Message, now: int, policy: Policy) -> int:
     # A born time in the future (clock skew) must not postpone the check: RocketMQ checks those
     # at once; we start counting from now instead.
     born = min(half.born_timestamp if half.born_timestamp is not None else now, now)
-    if half.check_immunity_time_s is not None:
-        return born + half.check_immunity_time_s * 1000
+    immunity = half.check_immunity_time_s
+    # RocketMQ reads a negative immunity (-1) as "use transactionTimeout"; taken literally it
+    # would ask the producer before its local transaction could have run.
+    if immunity is not None and immunity >= 0:
+        return born + immunity * 1000
     return born + policy.transaction_timeout
 
 
@@ -193,13 +200,19 @@ def apply(
     status = tx.status if tx is not None else None
     after, action = TRANSITIONS[(status, trigger)]
 
-    if isinstance(event, EndEvent) and tx is not None and tx.status is not Status.EARLY_END:
-        if not event.by_admin and event.producer_group != tx.producer_group:
-            reason = (
-                f"producer group {event.producer_group!r} does not own transaction {txid} "
-                f"(owned by {tx.producer_group!r})"
-            )
-            return tx, [DeadLetter(event, reason), _note(txid, "rejected", now, reason=reason)]
+    # While the end events are held the owner is not known yet: _apply_held checks them later.
+    if (
+        isinstance(event, EndEvent)
+        and tx is not None
+        and tx.status is not Status.EARLY_END
+        and not event.by_admin
+        and event.producer_group != tx.producer_group
+    ):
+        reason = (
+            f"producer group {event.producer_group!r} does not own transaction {txid} "
+            f"(owned by {tx.producer_group!r})"
+        )
+        return tx, [DeadLetter(event, reason), _note(txid, "rejected", now, reason=reason)]
 
     new, effects = _ACTIONS[action](tx, event, now, policy)
     expected = _ALLOWED.get(action, frozenset({after}))
@@ -208,7 +221,7 @@ def apply(
     return new, effects
 
 
-def on_timeout(tx: Transaction, now: int, policy: Policy) -> tuple[Transaction | None, list[Effect]]:
+def on_timeout(tx: Transaction, now: int, policy: Policy) -> _Result:
     """Run the transaction's timer if it is due; otherwise change nothing."""
     if now < tx.deadline:
         return tx, []
@@ -216,11 +229,11 @@ def on_timeout(tx: Transaction, now: int, policy: Policy) -> tuple[Transaction |
     if action is Action.CHECK:
         return _check_or_discard(tx, now, policy)
     if action is Action.EXPIRE:
-        assert tx.held is not None
-        waited = policy.orphan_end_timeout // 1000
-        reason = f"no half message for transaction {tx.transaction_id} within {waited}s"
-        return None, [DeadLetter(tx.held, reason), _note(tx.transaction_id, "expired", now,
-                                                          reason=reason)]
+        assert tx.held
+        waited = policy.orphan_end_timeout / 1000
+        reason = f"no half message for transaction {tx.transaction_id} within {waited:g}s"
+        effects: list[Effect] = [DeadLetter(end, reason) for end in tx.held]
+        return None, [*effects, _note(tx.transaction_id, "expired", now, reason=reason)]
     return None, []  # FORGET: duplicates of it are no longer recognised
 
 
@@ -250,39 +263,48 @@ def _hold_end(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _
         status=Status.EARLY_END,
         deadline=now + policy.orphan_end_timeout,
         producer_group=end.producer_group,
-        held=end,
+        held=(end,),
     )
     return new, [_note(end.transaction_id, "end_before_half", now,
                        decision=end.decision.value)]
 
 
+def _sender(end: EndEvent) -> str | None:
+    """Whose decision an end event carries: the admins (``None``) or one producer group."""
+    return None if end.by_admin else end.producer_group
+
+
 def _merge_held(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
-    assert tx is not None and tx.held is not None and isinstance(end, EndEvent)
-    held = tx.held
-    if end.decision.is_final and held.decision.is_final and end.decision != held.decision:
-        reason = f"{end.decision.value} contradicts the earlier {held.decision.value}"
-        return tx, [DeadLetter(end, reason), _note(tx.transaction_id, "rejected", now,
-                                                   reason=reason)]
-    if end.decision.is_final and not held.decision.is_final:
-        return replace(tx, held=end), [_note(tx.transaction_id, "end_before_half", now,
-                                             decision=end.decision.value)]
-    return tx, [_note(tx.transaction_id, "duplicate", now, decision=end.decision.value)]
+    assert tx is not None and tx.held and isinstance(end, EndEvent)
+    txid = tx.transaction_id
+    own = next((h for h in tx.held if _sender(h) == _sender(end)), None)
+    if own is None:  # another sender: hold it too, the half message will tell who owns it
+        return replace(tx, held=(*tx.held, end)), [
+            _note(txid, "end_before_half", now, decision=end.decision.value)
+        ]
+    if end.decision.is_final and own.decision.is_final and end.decision != own.decision:
+        reason = f"{end.decision.value} contradicts the earlier {own.decision.value}"
+        return tx, [DeadLetter(end, reason), _note(txid, "rejected", now, reason=reason)]
+    if end.decision.is_final and not own.decision.is_final:
+        # The final decision replaces UNKNOW and goes last: held ends are applied in the order
+        # their decisions came, so that the first final decision wins.
+        others = tuple(h for h in tx.held if h is not own)
+        return replace(tx, held=(*others, end)), [
+            _note(txid, "end_before_half", now, decision=end.decision.value)
+        ]
+    return tx, [_note(txid, "duplicate", now, decision=end.decision.value)]
 
 
 def _apply_held(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
-    assert tx is not None and tx.held is not None and isinstance(half, Message)
-    held = tx.held
-    registered, effects = _register(None, half, now, policy)
-    assert registered is not None
-    if not held.by_admin and held.producer_group != half.producer_group:
-        reason = (
-            f"producer group {held.producer_group!r} does not own transaction "
-            f"{tx.transaction_id} (owned by {half.producer_group!r})"
-        )
-        return registered, effects + [DeadLetter(held, reason),
-                                      _note(tx.transaction_id, "rejected", now, reason=reason)]
-    new, more = apply(registered, held, now, policy)
-    return new, effects + more
+    assert tx is not None and tx.held and isinstance(half, Message)
+    new, effects = _register(None, half, now, policy)
+    # Through apply: a held end of another group is dead-lettered by the group check, and a
+    # later contradicting one by the table, exactly as if it had come after the half message.
+    for end in tx.held:
+        assert new is not None
+        new, more = apply(new, end, now, policy)
+        effects += more
+    return new, effects
 
 
 def _release(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
@@ -305,8 +327,12 @@ def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
     assert tx is not None and isinstance(end, EndEvent)
     new = tx
     if end.from_check:
-        answered = end.check_times if end.check_times is not None else tx.checks_answered + 1
-        new = replace(tx, checks_answered=max(tx.checks_answered, answered))
+        # An answer without a number answers the latest check; counting it as "one more" would
+        # count every duplicate of it. No answer can count a check that was never sent.
+        answered = end.check_times if end.check_times is not None else tx.checks_sent
+        answered = min(answered, tx.checks_sent)
+        if answered > tx.checks_answered:
+            new = replace(tx, checks_answered=answered)
     return new, [_note(tx.transaction_id, "unknown", now, checks_answered=new.checks_answered,
                        **_decision_detail(end))]
 
@@ -326,7 +352,7 @@ def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Re
     return tx, [DeadLetter(end, reason), _note(tx.transaction_id, "rejected", now, reason=reason)]
 
 
-def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> tuple[Transaction, list[Effect]]:
+def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     half = tx.half
     assert half is not None and tx.next_check is not None
     born = half.born_timestamp if half.born_timestamp is not None else now

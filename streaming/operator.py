@@ -154,6 +154,23 @@ def _frame(rows: list[_Row]) -> pd.DataFrame:
     )
 
 
+def _in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterator[Any]:
+    """The bucket's rows in an order that does not depend on how the shuffle delivered them.
+
+    Half messages first (an end event in the same batch then finds its half), then by source
+    partition and offset; one transaction's end events share a partition, so their order holds.
+    A replayed batch thus applies the same events in the same order and emits the same records.
+    """
+    parts = [f for f in frames if len(f)]
+    if not parts:
+        return iter(())
+    frame = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+    order = frame.assign(_later=frame["kind"] != EventKind.HALF).sort_values(
+        ["_later", "src_topic", "src_partition", "src_offset"], kind="stable"
+    )
+    return order.drop(columns="_later").itertuples(index=False)
+
+
 def coordinator_function(
     policy: Policy, topics: Topics
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
@@ -165,15 +182,14 @@ def coordinator_function(
         bucket = Bucket.decode(state.get[0]) if state.exists else Bucket()
         now = int(state.getCurrentProcessingTimeMs())
         rows: list[_Row] = []
-        for frame in frames:
-            for row in frame.itertuples(index=False):
-                if row.kind == EventKind.MALFORMED:
-                    rows.append(_malformed(row, topics))
-                    continue
-                event = event_from_row(row)
-                effects = bucket.apply(event, now, policy)
-                origin = (event, int(row.src_partition), int(row.src_offset))
-                rows.extend(records_for(effects, now, topics, origin))
+        for row in _in_replay_order(frames):
+            if row.kind == EventKind.MALFORMED:
+                rows.append(_malformed(row, topics))
+                continue
+            event = event_from_row(row)
+            effects = bucket.apply(event, now, policy)
+            origin = (event, int(row.src_partition), int(row.src_offset))
+            rows.extend(records_for(effects, now, topics, origin))
         # Events first: a commit in this batch spares the transaction a check due now.
         rows.extend(records_for(bucket.fire_due(now, policy), now, topics))
         deadline = bucket.next_deadline()

@@ -56,11 +56,9 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
     """The coordinator's DataStreamWriter, not yet started."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
-    from sinks.kafka_sink import register as register_sink
-    from sources.kafka_source import register as register_source
+    from sources.kafka_source import register
 
-    register_source(spark)
-    register_sink(spark)
+    register(spark)  # both data sources: the events source and the records sink
     kafka = json.dumps(config.kafka.as_dict())
     reader = (
         spark.readStream.format("txstream-events")

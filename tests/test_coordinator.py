@@ -167,7 +167,7 @@ def test_malformed_records_are_dead_lettered_and_the_query_keeps_running(
     k, t = coordinator.kafka, coordinator.topics
     txid, group, real = _ids(unique)
     bad = [
-        Record(t.half, None, b"no key", (("TRAN_MSG", b"true"),)),
+        half_record(t, "unused", group, real, b"no key")._replace(key=None),
         Record(t.end, f"{unique}-x".encode(), b"", (("COMMIT_OR_ROLLBACK", b"MAYBE"),
                                                      ("PGROUP", b"g"))),
         Record(t.end, f"{unique}-y".encode(), b"\xff", (("COMMIT_OR_ROLLBACK", b"\xff\xfe"),)),

@@ -5,6 +5,7 @@ tansu speaks the Kafka protocol; with ``memory://`` storage its data is gone whe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -50,24 +51,30 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "error"))
-        self._proc = subprocess.Popen(
-            [
-                broker_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                self.storage,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C in the terminal reaches us, and we stop it
-        )
+        with contextlib.ExitStack() as files:
+            # The child gets its own copy of the log descriptor: ours is closed once it started.
+            log = (
+                files.enter_context(open(self.log_path, "ab"))
+                if self.log_path
+                else subprocess.DEVNULL
+            )
+            self._proc = subprocess.Popen(
+                [
+                    broker_binary(),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    self.storage,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C in the terminal reaches us, and we stop it
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -41,7 +41,8 @@ class KafkaSettings:
             ":" in s for s in self.bootstrap_servers.split(",")
         ):
             raise ConfigError(
-                f"bootstrap servers must be HOST:PORT[,HOST:PORT...], got {self.bootstrap_servers!r}"
+                "bootstrap servers must be HOST:PORT[,HOST:PORT...], "
+                f"got {self.bootstrap_servers!r}"
             )
         if self.security_protocol not in _SECURITY:
             raise ConfigError(f"security protocol must be one of {', '.join(_SECURITY)}")
@@ -156,7 +157,7 @@ def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
     while True:
         try:
             consumer = KafkaConsumer(
-                **settings.client_kwargs(), api_version_auto_timeout_ms=2000
+                **settings.client_kwargs(), bootstrap_timeout_ms=2000
             )
             try:
                 consumer.topics()

@@ -77,7 +77,8 @@ class EndEvent:
     """The end of a transaction's first phase or the answer to a back-check.
 
     ``check_times`` is the number of the check this answers (``None`` when it is the producer's
-    own end event); ``operator`` names the admin who resolved it by hand.
+    own end event); ``operator`` names the admin who resolved it by hand (an empty name is no
+    admin: a blank column or header must not bypass the producer-group check).
     """
 
     transaction_id: str
@@ -91,4 +92,4 @@ class EndEvent:
 
     @property
     def by_admin(self) -> bool:
-        return self.operator is not None
+        return bool(self.operator)

@@ -7,12 +7,13 @@ travels as UTF-8 headers named after RocketMQ's message properties.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from txstream.errors import MalformedRecord
+from txstream.errors import ConfigError, MalformedRecord
 from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
-from txstream.topics import Topics
+from txstream.topics import Topics, validate_group, validate_topic
 
 __all__ = [
     "H",
@@ -32,6 +33,7 @@ __all__ = [
     "encode_history",
     "decode_history",
     "header_dict",
+    "headers_tuple",
 ]
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -63,6 +65,11 @@ class H:
 
 RESERVED_HEADERS = frozenset(v for k, v in vars(H).items() if k.isupper())
 
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take "١٢", " 1_0 ", "+1"
+_LONG = 2**63 - 1  # Kafka/Spark bigint
+_INT = 2**31 - 1  # Spark int: check_times and immunity_s columns
+_BYTES = (bytes, bytearray, memoryview)
+
 
 class Record(NamedTuple):
     """A Kafka record to write or as read (headers in order, duplicates allowed)."""
@@ -89,26 +96,41 @@ def header_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str,
             raise MalformedRecord("header name is not text")
         if raw is None:
             raw = b""
+        # bytes(n) of an int would be n zero bytes (or a terabyte): only real bytes are text.
+        if not isinstance(raw, _BYTES):
+            raise MalformedRecord(f"header {name!r} value is not bytes")
         try:
             out[name] = bytes(raw).decode("utf-8")
-        except (UnicodeDecodeError, TypeError):
+        except UnicodeDecodeError:
             raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
     return out
 
 
-def _int(h: Mapping[str, str], name: str, *, required: bool = False) -> int | None:
+def _int(
+    h: Mapping[str, str], name: str, *, required: bool = False, limit: int = _LONG
+) -> int | None:
+    """A non-negative integer header, as Java would parse it and as the Spark column holds it."""
     text = h.get(name)
     if text is None or text == "":
         if required:
             raise MalformedRecord(f"missing header {name}")
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise MalformedRecord(f"header {name} is not an integer: {text[:40]!r}") from None
+    if not _DIGITS.fullmatch(text) or int(text) > limit:
+        raise MalformedRecord(
+            f"header {name} is not an integer in 0..{limit}: {text[:40]!r}"
+        )
+    return int(text)
+
+
+def _body(value: object) -> bytes | None:
+    if value is not None and not isinstance(value, _BYTES):
+        raise MalformedRecord("record value is not bytes")
+    return bytes(value) if value is not None else None
 
 
 def _txid(key: bytes | None, h: Mapping[str, str]) -> str:
+    if key is not None and not isinstance(key, _BYTES):
+        raise MalformedRecord("record key is not bytes")
     if not key:
         raise MalformedRecord("missing transaction id (record key)")
     try:
@@ -125,6 +147,8 @@ def _user_properties(h: Mapping[str, str]) -> dict[str, str]:
 
 
 def _message_headers(msg: Message) -> list[tuple[str, bytes]]:
+    # A user property named like a system header is not written: the decoder keeps the last
+    # header of a name, so it could replace the group, the topic or the transaction id.
     out: list[tuple[str, bytes]] = []
     if msg.tags is not None:
         out.append((H.TAGS, _b(msg.tags)))
@@ -136,7 +160,7 @@ def _message_headers(msg: Message) -> list[tuple[str, bytes]]:
         out.append((H.PGROUP, _b(msg.producer_group)))
     if msg.born_timestamp is not None:
         out.append((H.BORN_TIMESTAMP, _b(str(msg.born_timestamp))))
-    out.extend((k, _b(v)) for k, v in msg.properties.items())
+    out.extend((k, _b(v)) for k, v in msg.properties.items() if k not in RESERVED_HEADERS)
     return out
 
 
@@ -154,7 +178,7 @@ def _message_from(
         msg_id=h.get(H.UNIQ_KEY) or txid,
         producer_group=h.get(H.PGROUP),
         born_timestamp=_int(h, H.BORN_TIMESTAMP),
-        check_immunity_time_s=_int(h, H.CHECK_IMMUNITY),
+        check_immunity_time_s=_int(h, H.CHECK_IMMUNITY, limit=_INT),
     )
 
 
@@ -165,7 +189,7 @@ def encode_half(msg: Message, topics: Topics) -> Record:
     """The half message as written to the half topic (invisible to consumers)."""
     if not msg.transaction_id or not msg.producer_group or msg.born_timestamp is None:
         raise ValueError("a half message needs transaction_id, producer_group and born_timestamp")
-    headers = [(H.TRAN_MSG, b"true"), (H.REAL_TOPIC, _b(msg.topic))] + _message_headers(msg)
+    headers = [(H.TRAN_MSG, b"true"), (H.REAL_TOPIC, _b(msg.topic)), *_message_headers(msg)]
     if msg.check_immunity_time_s is not None:
         headers.append((H.CHECK_IMMUNITY, _b(str(msg.check_immunity_time_s))))
     return Record(topics.half, _b(msg.transaction_id), msg.body, tuple(headers))
@@ -183,12 +207,24 @@ def decode_half(
     topic = h.get(H.REAL_TOPIC)
     if not topic:
         raise MalformedRecord(f"missing header {H.REAL_TOPIC}")
-    if not h.get(H.PGROUP):
+    group = h.get(H.PGROUP)
+    if not group:
         raise MalformedRecord(f"missing header {H.PGROUP}")
+    # The topic receives the release and the group names the check topic: a bad name would
+    # fail in the sink, again on every retry of the batch, long after this record was read.
+    try:
+        validate_topic(topic)
+    except ConfigError as e:
+        raise MalformedRecord(f"header {H.REAL_TOPIC}: {e}") from None
+    try:
+        validate_group(group)
+    except ConfigError as e:
+        raise MalformedRecord(f"header {H.PGROUP}: {e}") from None
     _int(h, H.BORN_TIMESTAMP, required=True)
-    if value is not None and len(value) > max_body:
-        raise MalformedRecord(f"body of {len(value)} bytes exceeds the limit of {max_body}")
-    return _message_from(key, value, h, topic)
+    body = _body(value)
+    if body is not None and len(body) > max_body:
+        raise MalformedRecord(f"body of {len(body)} bytes exceeds the limit of {max_body}")
+    return _message_from(key, body, h, topic)
 
 
 # --- end events (commit / rollback / unknown, and check answers) -----------------------------
@@ -228,14 +264,15 @@ def decode_end(
     if not group:
         raise MalformedRecord(f"missing header {H.PGROUP}")
     remark = None
-    if value:
-        remark = bytes(value).decode("utf-8", errors="replace")
+    body = _body(value)
+    if body:
+        remark = body.decode("utf-8", errors="replace")
     return EndEvent(
         transaction_id=txid,
         producer_group=group,
         decision=decision,
         from_check=h.get(H.FROM_CHECK, "false").lower() == "true",
-        check_times=_int(h, H.CHECK_TIMES),
+        check_times=_int(h, H.CHECK_TIMES, limit=_INT),
         operator=h.get(H.OPERATOR) or None,
         remark=remark,
         born_timestamp=_int(h, H.BORN_TIMESTAMP),
@@ -248,11 +285,11 @@ def decode_end(
 def encode_check(msg: Message, check_times: int, topics: Topics) -> Record:
     """A back-check request, on the check topic of the message's producer group."""
     assert msg.transaction_id and msg.producer_group
-    headers = (
-        [(H.REAL_TOPIC, _b(msg.topic))]
-        + _message_headers(msg)
-        + [(H.CHECK_TIMES, _b(str(check_times)))]
-    )
+    headers = [
+        (H.REAL_TOPIC, _b(msg.topic)),
+        *_message_headers(msg),
+        (H.CHECK_TIMES, _b(str(check_times))),
+    ]
     return Record(
         topics.check(msg.producer_group), _b(msg.transaction_id), msg.body, tuple(headers)
     )
@@ -265,9 +302,9 @@ def decode_check(
     topic = h.get(H.REAL_TOPIC)
     if not topic:
         raise MalformedRecord(f"missing header {H.REAL_TOPIC}")
-    check_times = _int(h, H.CHECK_TIMES, required=True)
+    check_times = _int(h, H.CHECK_TIMES, required=True, limit=_INT)
     assert check_times is not None
-    return _message_from(key, value, h, topic), check_times
+    return _message_from(key, _body(value), h, topic), check_times
 
 
 def encode_visible(msg: Message) -> Record:
@@ -277,7 +314,7 @@ def encode_visible(msg: Message) -> Record:
     key keep their order; ``UNIQ_KEY`` carries the stable message id consumers dedup on.
     """
     key = _b(msg.keys) if msg.keys else None
-    headers = _message_headers(msg) + [(H.TRANSACTION_ID, _b(msg.transaction_id or ""))]
+    headers = [*_message_headers(msg), (H.TRANSACTION_ID, _b(msg.transaction_id or ""))]
     return Record(msg.topic, key, msg.body, tuple(headers))
 
 
@@ -291,7 +328,7 @@ def decode_visible(
     txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY)
     msg = Message(
         topic=topic,
-        body=bytes(value) if value is not None else b"",
+        body=_body(value) or b"",
         tags=h.get(H.TAGS),
         keys=h.get(H.KEYS),
         properties=_user_properties(h),
@@ -305,11 +342,12 @@ def decode_visible(
 
 def encode_discard(msg: Message, reason: str, check_times: int, topics: Topics) -> Record:
     """A message the coordinator gave up on: never silent, always with the reason."""
-    headers = (
-        [(H.REAL_TOPIC, _b(msg.topic))]
-        + _message_headers(msg)
-        + [(H.CHECK_TIMES, _b(str(check_times))), (H.DISCARD_REASON, _b(reason))]
-    )
+    headers = [
+        (H.REAL_TOPIC, _b(msg.topic)),
+        *_message_headers(msg),
+        (H.CHECK_TIMES, _b(str(check_times))),
+        (H.DISCARD_REASON, _b(reason)),
+    ]
     return Record(topics.discard, _b(msg.transaction_id or ""), msg.body, tuple(headers))
 
 
@@ -317,7 +355,8 @@ def encode_dead_letter(
     original: Record, reason: str, origin_partition: int, origin_offset: int, topics: Topics
 ) -> Record:
     """The original record, byte for byte, plus why it was refused and where it came from."""
-    headers = tuple(original.headers) + (
+    headers = (
+        *original.headers,
         (H.DLQ_REASON, _b(reason)),
         (H.DLQ_ORIGIN_TOPIC, _b(original.topic)),
         (H.DLQ_ORIGIN_PARTITION, _b(str(origin_partition))),
@@ -335,8 +374,10 @@ def encode_history(
 
 
 def decode_history(value: bytes | None) -> dict[str, object]:
+    if value is not None and not isinstance(value, _BYTES):
+        raise MalformedRecord("history record is not bytes")
     try:
-        out = json.loads(value or b"")
+        out = json.loads(bytes(value or b""))
     except ValueError:
         raise MalformedRecord("history record is not JSON") from None
     if not isinstance(out, dict):

@@ -1,0 +1,187 @@
+"""Many transactions under one state key: routing, timers, encoding, the bucket hash."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+
+import pytest
+
+from state.bucket import FORMAT_VERSION, Bucket, bucket_of
+from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
+from state.lifecycle import Status, Transaction
+from state.policy import Policy
+from txstream.message import Decision, EndEvent, Message
+
+T0 = 1_700_000_000_000
+P = Policy()
+COMMIT, ROLLBACK, UNKNOWN = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, Decision.UNKNOW
+
+
+def half(txid: str, born: int = T0, **kw: object) -> Message:
+    return Message(topic="orders", body=b"\x00body\xff", transaction_id=txid, msg_id=txid,
+                   producer_group="G", born_timestamp=born, **kw)  # type: ignore[arg-type]
+
+
+def end(txid: str, decision: Decision = COMMIT, group: str = "G", **kw: object) -> EndEvent:
+    return EndEvent(txid, group, decision, **kw)  # type: ignore[arg-type]
+
+
+def every_status() -> Bucket:
+    """One transaction in each status, with every optional field filled somewhere."""
+    b = Bucket()
+    rich = half("pending", tags="T", keys="K", properties={"a": "1", "ü": "ß"},
+                check_immunity_time_s=30, queue_id=3, queue_offset=77, reconsume_times=1)
+    b.apply(rich, T0, P)
+    b.apply(half("committed"), T0, P)
+    b.apply(end("committed", COMMIT, born_timestamp=T0 + 1), T0 + 1, P)
+    b.apply(half("rolled-back"), T0, P)
+    b.apply(end("rolled-back", ROLLBACK, remark="boom"), T0 + 1, P)
+    b.apply(half("discarded", born=T0 - P.reserved_time), T0, P)
+    b.apply(end("early", UNKNOWN, from_check=True, check_times=2), T0, P)
+    b.apply(end("early", COMMIT, group="OTHER", operator=None), T0, P)
+    b.apply(end("early-admin", ROLLBACK, group="ops", operator="alice"), T0, P)
+    b.apply(half("checked"), T0, P)
+    b.fire_due(T0 + P.transaction_timeout, P)  # discards one, checks two
+    b.apply(end("checked", UNKNOWN, from_check=True, check_times=1), T0 + 7000, P)
+    return b
+
+
+def test_every_status_is_represented() -> None:
+    statuses = {tx.status for tx in every_status()}
+    assert statuses == set(Status)
+
+
+def test_encode_decode_round_trip() -> None:
+    b = every_status()
+    back = Bucket.decode(b.encode())
+    assert back == b
+    assert list(back.transactions) == list(b.transactions)  # same order: same timer order
+    assert back.get("pending") == b.get("pending")
+    rich = back.get("pending")
+    assert rich is not None and rich.half is not None
+    assert rich.half.properties == {"a": "1", "ü": "ß"} and rich.half.queue_offset == 77
+    assert Bucket.decode(back.encode()) == back
+
+
+def test_buckets_differ_when_a_transaction_differs() -> None:
+    a, b = every_status(), every_status()
+    assert a == b
+    b.apply(end("pending", COMMIT), T0 + 10, P)
+    assert a != b
+    assert a != "not a bucket"
+
+
+@pytest.mark.parametrize("blob", [None, b""])
+def test_no_state_is_an_empty_bucket(blob: bytes | None) -> None:
+    b = Bucket.decode(blob)
+    assert len(b) == 0 and b.next_deadline() is None and b == Bucket()
+
+
+def test_unknown_state_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="state format 999"):
+        Bucket.decode(pickle.dumps((999, [])))
+
+
+def test_format_1_state_still_decodes() -> None:
+    # Version 1 kept one held end event and ten message fields; checkpoints written by it must
+    # survive an upgrade.
+    held = ("early", "G", "COMMIT_MESSAGE", False, None, None, None, T0)
+    msg: tuple[object, ...] = ("orders", b"b", None, None, {}, "p", "p", "G", T0, None)
+    rows = [
+        ("early", "EARLY_END", T0 + 60_000, "G", None, held, 0, 0, None),
+        ("p", "PENDING", T0 + 6000, "G", msg, None, 1, 1, T0 + 6000),
+    ]
+    b = Bucket.decode(pickle.dumps((1, rows)))
+    assert FORMAT_VERSION > 1
+    early, pending = b.get("early"), b.get("p")
+    assert early is not None and early.held == (end("early", COMMIT, born_timestamp=T0),)
+    assert pending is not None and pending.half == Message("orders", b"b", transaction_id="p",
+                                                           msg_id="p", producer_group="G",
+                                                           born_timestamp=T0)
+    effects = b.apply(half("early"), T0 + 10, P)
+    assert [type(e) for e in effects if not isinstance(e, Note)] == [Release]
+
+
+def test_apply_routes_each_event_to_its_transaction() -> None:
+    b = Bucket()
+    b.apply(half("a"), T0, P)
+    b.apply(half("b"), T0, P)
+    effects = b.apply(end("a"), T0 + 1, P)
+    assert [type(e) for e in effects] == [Release, Note]
+    a, bb = b.get("a"), b.get("b")
+    assert a is not None and a.status is Status.COMMITTED
+    assert bb is not None and bb.status is Status.PENDING
+    assert [tx.transaction_id for tx in b.pending()] == ["b"]
+    assert len(b) == 2 and {tx.transaction_id for tx in b} == {"a", "b"}
+    assert b.get("nope") is None
+
+
+def _tx(txid: str, deadline: int) -> Transaction:
+    return Transaction(txid, Status.COMMITTED, deadline, "G")
+
+
+def test_fire_due_runs_due_timers_in_deadline_then_id_order() -> None:
+    b = Bucket()
+    for txid, born in [("c", T0 + 2), ("a", T0 + 5), ("b", T0 + 2), ("late", T0 + 100)]:
+        b.apply(half(txid, born=born), T0 + 200, P)  # born before it arrived
+    effects = b.fire_due(T0 + 5 + P.transaction_timeout, P)
+    checks = [e.message.transaction_id for e in effects if isinstance(e, RequestCheck)]
+    assert checks == ["b", "c", "a"]
+    late = [e.late_ms for e in effects if isinstance(e, RequestCheck)]
+    assert late == [3, 3, 0]
+    assert b.next_deadline() == T0 + 100 + P.transaction_timeout  # "late" is not due yet
+
+
+def test_fire_due_leaves_only_future_deadlines() -> None:
+    b = Bucket()
+    b.apply(half("old", born=T0 - P.reserved_time), T0, P)
+    b.apply(end("orphan", COMMIT), T0, P)
+    b.apply(half("x"), T0, P)
+    now = T0 + P.orphan_end_timeout
+    effects = b.fire_due(now, P)
+    assert {type(e) for e in effects} == {Discard, DeadLetter, RequestCheck, Note}
+    assert b.get("orphan") is None
+    deadline = b.next_deadline()
+    assert deadline is not None and deadline > now
+    assert b.fire_due(now, P) == []  # nothing is due twice
+
+
+def test_fire_due_forgets_resolved_transactions() -> None:
+    b = Bucket({"a": _tx("a", T0), "b": _tx("b", T0 + 1)})
+    assert b.fire_due(T0, P) == []
+    assert b.get("a") is None and b.get("b") is not None
+    assert b.next_deadline() == T0 + 1
+
+
+def test_next_deadline_is_the_earliest() -> None:
+    b = Bucket({t.transaction_id: t for t in (_tx("a", 30), _tx("b", 10), _tx("c", 20))})
+    assert b.next_deadline() == 10
+    assert Bucket().next_deadline() is None
+
+
+# Reference values of the standard CRC-32 (IEEE 802.3) that java.util.zip.CRC32, and thus
+# Spark's crc32(), computes; bucket_of must agree or the Spark-side bucket column and the
+# Python side would route one transaction to two buckets.
+@pytest.mark.parametrize(("txid", "crc"), [
+    ("123456789", 0xCBF43926),
+    ("The quick brown fox jumps over the lazy dog", 0x414FA339),
+    ("", 0),
+])
+def test_bucket_of_is_the_standard_crc32(txid: str, crc: int) -> None:
+    assert zlib.crc32(txid.encode("utf-8")) == crc
+    for n in (1, 7, 64, 200, 4096):
+        assert bucket_of(txid, n) == crc % n
+
+
+@pytest.mark.parametrize("txid", ["tx-1", "order-42", "züri-ß-取引", "a" * 300])
+def test_bucket_of_is_stable_and_in_range(txid: str) -> None:
+    crc = zlib.crc32(txid.encode("utf-8"))
+    for n in (1, 3, 64, 200):
+        assert 0 <= bucket_of(txid, n) < n
+        assert bucket_of(txid, n) == crc % n == bucket_of(txid, n)
+
+
+def test_bucket_of_uses_utf8_not_latin1() -> None:
+    assert bucket_of("züri", 1 << 32) == zlib.crc32("züri".encode()) != zlib.crc32(
+        "züri".encode("latin-1"))
