@@ -1,0 +1,81 @@
+"""Turning a client's keyword options into :class:`KafkaSettings` and :class:`Topics`.
+
+Both clients accept either a ready ``kafka=KafkaSettings(...)`` or its pieces
+(``security_protocol=``, ``sasl_username=``, ...); unset pieces come from ``TXSTREAM_*``
+environment variables, as for every other part of txstream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.topics import Topics
+
+__all__ = [
+    "resolve_settings",
+    "resolve_topics",
+    "producer_options",
+    "new_message_id",
+    "now_ms",
+    "timeout_ms",
+]
+
+_KAFKA_FIELDS = frozenset(f.name for f in dataclasses.fields(KafkaSettings))
+
+
+def resolve_settings(
+    bootstrap_servers: str | None, kafka: KafkaSettings | None, pieces: dict[str, Any]
+) -> KafkaSettings:
+    unknown = sorted(set(pieces) - _KAFKA_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; Kafka options are "
+            f"{', '.join(sorted(_KAFKA_FIELDS))}"
+        )
+    changes = {k: v for k, v in pieces.items() if v is not None}
+    if bootstrap_servers:
+        changes["bootstrap_servers"] = bootstrap_servers
+    if kafka is not None:
+        return dataclasses.replace(kafka, **changes)
+    return KafkaSettings.from_env(**changes)
+
+
+def resolve_topics(topics: Topics | None, topic_prefix: str | None) -> Topics:
+    if topics is not None and topic_prefix:
+        raise ConfigError("give either topics= or topic_prefix=, not both")
+    if topics is not None:
+        return topics
+    return Topics.with_prefix(topic_prefix or "")
+
+
+def new_message_id() -> str:
+    """A message id that is also the transaction id: 32 upper-case hex digits like RocketMQ's
+    ``UNIQ_KEY``, random so that producers on many hosts need no coordination."""
+    return uuid.uuid4().hex.upper()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def timeout_ms(seconds: float, name: str) -> int:
+    if not seconds or seconds <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds")
+    return max(1, int(seconds * 1000))
+
+
+def producer_options(settings: KafkaSettings, send_timeout_ms: int, connect_timeout_ms: int
+                     ) -> dict[str, Any]:
+    """Overrides for :func:`make_producer` so that every wait ends within the send timeout."""
+    return {
+        "bootstrap_timeout_ms": connect_timeout_ms,
+        "max_block_ms": send_timeout_ms,  # waiting for metadata, i.e. for a broker
+        "request_timeout_ms": min(settings.request_timeout_ms, send_timeout_ms),
+        "delivery_timeout_ms": send_timeout_ms,  # the producer's own retries stop here too
+        "linger_ms": 0,  # every send is waited for: batching would only add latency
+    }

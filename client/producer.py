@@ -1,0 +1,307 @@
+"""RocketMQ's ``TransactionMQProducer`` over Kafka.
+
+``send_message_in_transaction`` writes the half message and waits for the broker to store it,
+runs the local transaction only then, and writes the end event, waiting for its
+acknowledgement too (RocketMQ sends it one-way). While started, the producer answers the
+coordinator's back-checks for its group (:mod:`client.checker`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from enum import Enum
+from types import TracebackType
+from typing import Any
+
+from client.checker import CheckResponder
+from client.executor import BoundedExecutor
+from client.listener import LocalTransactionState, TransactionListener, call_for_state
+from client.options import (
+    new_message_id,
+    now_ms,
+    producer_options,
+    resolve_settings,
+    resolve_topics,
+    timeout_ms,
+)
+from client.validate import validate_message
+from txstream.errors import ClientStateError, SendFailed
+from txstream.kafka import KafkaSettings, make_producer
+from txstream.message import EndEvent, Message
+from txstream.topics import Topics, validate_group
+from txstream.wire import Record, encode_end, encode_half
+
+__all__ = ["TransactionProducer", "TransactionSendResult", "SendStatus"]
+
+log = logging.getLogger(__name__)
+
+
+class SendStatus(str, Enum):
+    """RocketMQ's ``SendStatus``; a half message that was not stored raises instead."""
+
+    SEND_OK = "SEND_OK"
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionSendResult:
+    """What ``send_message_in_transaction`` did. ``topic``/``partition``/``offset`` say where
+    the half message was stored (RocketMQ's message queue and queue offset).
+
+    ``end_acknowledged`` is False when the end event could not be written: the outcome is then
+    settled by a back-check, as in RocketMQ when its one-way end request is lost.
+    """
+
+    send_status: SendStatus
+    msg_id: str
+    transaction_id: str
+    local_transaction_state: LocalTransactionState
+    topic: str
+    partition: int
+    offset: int
+    end_acknowledged: bool = True
+
+    @property
+    def queue_id(self) -> int:
+        return self.partition
+
+    def __str__(self) -> str:  # RocketMQ's SendResult.toString(), for the examples and CLI
+        return (f"TransactionSendResult [sendStatus={self.send_status.value}, "
+                f"msgId={self.msg_id}, localTransactionState="
+                f"{self.local_transaction_state.value}, messageQueue={self.topic}-"
+                f"{self.partition}, queueOffset={self.offset}]")
+
+    @property
+    def queue_offset(self) -> int:
+        return self.offset
+
+
+class _State(Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    SHUT_DOWN = "shut down"
+
+
+class TransactionProducer:
+    """A transactional producer of one producer group.
+
+    Options (keyword only):
+      ``kafka`` (a :class:`KafkaSettings`) or its pieces (``security_protocol``,
+      ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``, ...);
+      ``topics`` (a :class:`Topics`) or ``topic_prefix``: the coordinator's system topics;
+      ``send_timeout_s`` (3, RocketMQ's sendMsgTimeout): wait for each acknowledgement;
+      ``connect_timeout_s`` (10): ``start()`` raises BrokerUnavailable after this;
+      ``check_threads`` (2) / ``check_queue_size`` (2000): the default check executor;
+      ``answer_checks`` (True): join the group's check consumers.
+    """
+
+    def __init__(
+        self,
+        producer_group: str,
+        bootstrap_servers: str | None = None,
+        listener: TransactionListener | None = None,
+        executor: Executor | None = None,
+        *,
+        kafka: KafkaSettings | None = None,
+        topics: Topics | None = None,
+        topic_prefix: str | None = None,
+        send_timeout_s: float = 3.0,
+        connect_timeout_s: float = 10.0,
+        check_threads: int = 2,
+        check_queue_size: int = 2000,
+        answer_checks: bool = True,
+        **kafka_options: Any,
+    ) -> None:
+        self.producer_group = validate_group(producer_group)
+        self.settings = resolve_settings(bootstrap_servers, kafka, kafka_options)
+        self.topics = resolve_topics(topics, topic_prefix)
+        self._send_timeout_ms = timeout_ms(send_timeout_s, "send_timeout_s")
+        self._connect_timeout_ms = timeout_ms(connect_timeout_s, "connect_timeout_s")
+        self._listener = listener
+        self._executor = executor
+        self._owns_executor = executor is None
+        self._check_threads = check_threads
+        self._check_queue_size = check_queue_size
+        self._answer_checks = answer_checks
+        self._state = _State.CREATED
+        self._lock = threading.Lock()
+        self._producer: Any = None
+        self._checker: CheckResponder | None = None
+
+    # --- configuration (RocketMQ's setters) --------------------------------------------------
+
+    def set_transaction_listener(self, listener: TransactionListener) -> None:
+        self._listener = listener
+
+    def set_executor_service(self, executor: Executor) -> None:
+        if self._state is not _State.CREATED:
+            raise ClientStateError("set the executor before start()")
+        self._executor, self._owns_executor = executor, False
+
+    @property
+    def check_topic(self) -> str:
+        return self.topics.check(self.producer_group)
+
+    @property
+    def check_group_id(self) -> str:
+        """The Kafka consumer group of this producer group's check consumers.
+
+        Named after the check topic, so groups of two topic prefixes never mix.
+        """
+        return self.check_topic + ".checkers"
+
+    @property
+    def check_partitions(self) -> frozenset[int]:
+        """The check-topic partitions this producer answers now (empty until it joined)."""
+        checker = self._checker
+        return frozenset(tp.partition for tp in checker.assignment) if checker else frozenset()
+
+    @property
+    def checks_answered(self) -> int:
+        return self._checker.answered if self._checker else 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> TransactionProducer:
+        with self._lock:
+            if self._state is not _State.CREATED:
+                raise ClientStateError(f"producer {self.producer_group} is {self._state.value}")
+            if self._listener is None:
+                raise ClientStateError("a transaction listener is required: set one before start()")
+            producer = make_producer(
+                self.settings,
+                **producer_options(self.settings, self._send_timeout_ms, self._connect_timeout_ms),
+            )
+            self._producer = producer
+            try:
+                if self._answer_checks:
+                    if self._executor is None:
+                        self._executor = BoundedExecutor(self._check_threads,
+                                                         self._check_queue_size)
+                    self._checker = CheckResponder(
+                        topic=self.check_topic,
+                        group_id=self.check_group_id,
+                        settings=self.settings,
+                        answer=self._answer_check,
+                        executor=self._executor,
+                        connect_timeout_ms=self._connect_timeout_ms,
+                        drain_timeout_s=max(30.0, 3 * self._send_timeout_ms / 1000),
+                    )
+                    self._checker.start()
+            except BaseException:
+                self._checker = self._producer = None
+                producer.close(timeout=1)
+                raise
+            self._state = _State.RUNNING
+            return self
+
+    def shutdown(self) -> None:
+        """Stop taking checks, finish the answers in flight, flush and close. Idempotent."""
+        with self._lock:
+            if self._state is not _State.RUNNING:
+                self._state = _State.SHUT_DOWN
+                return
+            self._state = _State.SHUT_DOWN
+        if self._checker is not None:
+            self._checker.stop()
+        if self._owns_executor and self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._producer is not None:
+            self._producer.close(timeout=self._send_timeout_ms / 1000)
+
+    def __enter__(self) -> TransactionProducer:
+        return self.start() if self._state is _State.CREATED else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def send_message_in_transaction(
+        self, msg: Message, arg: object = None
+    ) -> TransactionSendResult:
+        """Send ``msg`` as a transactional message and run the local transaction.
+
+        Raises InvalidMessage / ClientStateError before anything is sent, and SendFailed when
+        the half message was not stored (the local transaction did not run then).
+        """
+        if self._state is not _State.RUNNING:
+            raise ClientStateError(f"producer {self.producer_group} is {self._state.value}: "
+                                   "call start() first")
+        listener = self._listener
+        if listener is None:
+            raise ClientStateError("no transaction listener set")
+        validate_message(msg, self.topics)
+        txid = new_message_id()
+        half = dataclasses.replace(
+            msg,
+            body=bytes(msg.body),
+            properties=dict(msg.properties),
+            transaction_id=txid,
+            msg_id=txid,
+            producer_group=self.producer_group,
+            born_timestamp=now_ms(),
+        )
+        meta = self._send(encode_half(half, self.topics), f"half message of {txid}")
+        state, remark = call_for_state(
+            lambda: listener.execute_local_transaction(half, arg),
+            "executeLocalTransaction", txid,
+        )
+        end = EndEvent(txid, self.producer_group, state, remark=remark, born_timestamp=now_ms())
+        try:
+            self._send(encode_end(end, self.topics), f"end event of {txid}")
+            end_ok = True
+        except SendFailed as exc:
+            # The local transaction has run: raising would suggest it had not. A back-check
+            # settles the outcome instead.
+            log.warning("local transaction %s ended %s, but the end event failed: %s",
+                        txid, state.value, exc)
+            end_ok = False
+        return TransactionSendResult(
+            send_status=SendStatus.SEND_OK,
+            msg_id=txid,
+            transaction_id=txid,
+            local_transaction_state=state,
+            topic=meta.topic,
+            partition=meta.partition,
+            offset=meta.offset,
+            end_acknowledged=end_ok,
+        )
+
+    def _answer_check(self, msg: Message, check_times: int) -> None:
+        """Run the check listener and send its answer; raise if not acknowledged.
+
+        UNKNOW is answered too: only an answered check counts toward the coordinator's limit.
+        """
+        listener = self._listener
+        txid = msg.transaction_id or ""
+        remark: str | None
+        if listener is None:
+            state, remark = LocalTransactionState.UNKNOW, "no transaction listener set"
+        else:
+            state, remark = call_for_state(
+                lambda: listener.check_local_transaction(msg), "checkLocalTransaction", txid
+            )
+        end = EndEvent(txid, self.producer_group, state, from_check=True,
+                       check_times=check_times, remark=remark, born_timestamp=now_ms())
+        self._send(encode_end(end, self.topics), f"answer to check {check_times} of {txid}")
+
+    def _send(self, record: Record, what: str) -> Any:
+        try:
+            future = self._producer.send(
+                record.topic, key=record.key, value=record.value, headers=list(record.headers)
+            )
+            return future.get(timeout=self._send_timeout_ms / 1000 + 1)
+        except Exception as exc:
+            raise SendFailed(
+                f"{what} not acknowledged by {self.settings.bootstrap_servers} within "
+                f"{self._send_timeout_ms / 1000:g}s: {type(exc).__name__}: {exc}"
+            ) from exc

@@ -1,0 +1,113 @@
+"""Redelivery for push consumers: the retry and dead-letter topics of a consumer group.
+
+RocketMQ sends a message its listener did not consume to ``%RETRY%group`` with a growing delay
+and, after ``maxReconsumeTimes``, to ``%DLQ%group``. Kafka topic names cannot hold ``%``, so
+here they are ``TXSTREAM_RETRY_<group>`` and ``TXSTREAM_DLQ_<group>``. A retry record is the
+original record (key, body, headers) plus when it is due and how often it was retried; the
+count travels with the record, so a restarted consumer still knows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from txstream.wire import H, Headers, Record
+
+__all__ = [
+    "RETRY_PREFIX",
+    "DLQ_PREFIX",
+    "ROCKETMQ_DELAYS_S",
+    "RetryHeaders",
+    "Subscription",
+    "retry_record",
+    "dead_letter_record",
+    "retry_delay_s",
+]
+
+RETRY_PREFIX = "TXSTREAM_RETRY_"
+DLQ_PREFIX = "TXSTREAM_DLQ_"
+
+# RocketMQ's delay levels 3..18, the ones its 16 reconsume attempts use.
+ROCKETMQ_DELAYS_S: tuple[float, ...] = (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)
+
+
+class RetryHeaders:
+    """Header names (RocketMQ's property names where it has one)."""
+
+    ORIGIN_TOPIC = "RETRY_TOPIC"
+    RECONSUME_TIMES = "RECONSUME_TIME"
+    DUE_MS = "TXSTREAM_RETRY_DUE_MS"
+
+    ALL = frozenset({ORIGIN_TOPIC, RECONSUME_TIMES, DUE_MS})
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A topic and RocketMQ's tag expression: ``*`` (everything) or ``TagA || TagB``."""
+
+    topic: str
+    expression: str = "*"
+
+    @property
+    def tags(self) -> frozenset[str] | None:
+        """The accepted tags, or None for all messages."""
+        expr = (self.expression or "*").strip()
+        if expr == "*":
+            return None
+        tags = frozenset(t.strip() for t in expr.split("||") if t.strip())
+        return tags or None
+
+    def matches(self, tags: str | None) -> bool:
+        accepted = self.tags
+        return accepted is None or (tags is not None and tags in accepted)
+
+
+def retry_delay_s(delays: Sequence[float], reconsume_times: int) -> float:
+    """The delay before attempt ``reconsume_times`` (1 = the first redelivery)."""
+    return float(delays[min(max(reconsume_times, 1), len(delays)) - 1])
+
+
+def _strip(headers: Iterable[tuple[str, bytes | None]]) -> list[tuple[str, bytes]]:
+    return [(k, v or b"") for k, v in headers if k not in RetryHeaders.ALL]
+
+
+def retry_record(
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]],
+    origin_topic: str,
+    reconsume_times: int,
+    due_ms: int,
+) -> Record:
+    extra: Headers = (
+        (RetryHeaders.ORIGIN_TOPIC, origin_topic.encode()),
+        (RetryHeaders.RECONSUME_TIMES, str(reconsume_times).encode()),
+        (RetryHeaders.DUE_MS, str(due_ms).encode()),
+    )
+    return Record(topic, key, value, tuple(_strip(headers)) + extra)
+
+
+def dead_letter_record(
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]],
+    origin_topic: str,
+    partition: int,
+    offset: int,
+    reconsume_times: int,
+    reason: str,
+) -> Record:
+    """The record as it was delivered, plus why it was given up and where it came from."""
+    extra: Headers = (
+        (RetryHeaders.RECONSUME_TIMES, str(reconsume_times).encode()),
+        (H.DLQ_REASON, reason.encode()),
+        (H.DLQ_ORIGIN_TOPIC, origin_topic.encode()),
+        (H.DLQ_ORIGIN_PARTITION, str(partition).encode()),
+        (H.DLQ_ORIGIN_OFFSET, str(offset).encode()),
+    )
+    return Record(topic, key, value, tuple(_strip(headers)) + extra)

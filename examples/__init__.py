@@ -1,0 +1,1 @@
+"""RocketMQ's transaction example on txstream (importable: `txstream demo` runs it)."""

@@ -1,0 +1,165 @@
+"""The client's pure parts, without a broker: states, validation, executor, dedup, offsets."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kafka import TopicPartition
+
+import client
+from client import (
+    BoundedExecutor,
+    DedupCache,
+    InvalidMessage,
+    LocalTransactionState,
+    Message,
+    RejectedExecution,
+    Subscription,
+    Topics,
+)
+from client.checker import _Offsets
+from client.listener import call_for_state
+from client.options import resolve_settings, resolve_topics
+from client.retry import ROCKETMQ_DELAYS_S, RetryHeaders, retry_delay_s, retry_record
+from client.validate import validate_message
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.message import Decision
+
+
+def test_public_api_is_exported_and_states_are_the_shared_enum() -> None:
+    for name in client.__all__:
+        assert hasattr(client, name), name
+    assert LocalTransactionState is Decision
+    assert LocalTransactionState.UNKNOWN is LocalTransactionState.UNKNOW
+    assert {s.value for s in LocalTransactionState} == {"COMMIT_MESSAGE", "ROLLBACK_MESSAGE",
+                                                        "UNKNOW"}
+    with pytest.raises(TypeError):
+        client.TransactionListener()  # type: ignore[abstract]
+
+
+def test_call_for_state_turns_anything_but_a_state_into_unknown_with_a_remark() -> None:
+    assert call_for_state(lambda: Decision.COMMIT_MESSAGE, "x", "t") == (Decision.COMMIT_MESSAGE,
+                                                                       None)
+    assert call_for_state(lambda: "ROLLBACK_MESSAGE", "x", "t") == (Decision.ROLLBACK_MESSAGE,
+                                                                  None)
+
+    def boom() -> Decision:
+        raise KeyError("gone")
+
+    state, remark = call_for_state(boom, "checkLocalTransaction", "t")
+    assert state is Decision.UNKNOW and remark is not None and "gone" in remark
+    for stray in (None, 42, "COMMIT"):
+        state, remark = call_for_state(lambda s=stray: s, "x", "t")
+        assert state is Decision.UNKNOW and remark == f"x returned {stray!r}"
+
+
+def test_validation_accepts_a_plain_message_and_names_what_is_wrong() -> None:
+    topics = Topics()
+    ok = Message("TopicTest", b"x", tags="TagA", keys="K", properties={"a": ""})
+    assert validate_message(ok, topics) is ok
+    with pytest.raises(InvalidMessage, match="system topic"):
+        validate_message(Message(topics.end, b"x"), topics)
+    with pytest.raises(InvalidMessage, match="keys"):
+        validate_message(Message("T", b"x", keys=1), topics)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessage, match="reserved"):
+        validate_message(Message("T", b"x", properties={"TAGS": "a"}), topics)
+
+
+def test_options_merge_settings_pieces_and_refuse_unknown_ones() -> None:
+    base = KafkaSettings(bootstrap_servers="h:1", security_protocol="SSL")
+    merged = resolve_settings("h:2", base, {"ssl_cafile": "/ca.pem"})
+    assert (merged.bootstrap_servers, merged.security_protocol, merged.ssl_cafile) == (
+        "h:2", "SSL", "/ca.pem")
+    with pytest.raises(ConfigError, match="unknown option"):
+        resolve_settings("h:1", None, {"ssl_ca": "x"})
+    assert resolve_topics(None, "p_").half == "p_RMQ_SYS_TRANS_HALF_TOPIC"
+    with pytest.raises(ConfigError):
+        resolve_topics(Topics(), "p_")
+
+
+def test_bounded_executor_refuses_when_full_and_frees_slots() -> None:
+    gate = threading.Event()
+    ex = BoundedExecutor(max_workers=1, queue_size=1)
+    try:
+        running = ex.submit(gate.wait, 10)
+        queued = ex.submit(lambda: "queued")
+        with pytest.raises(RejectedExecution, match="full"):
+            ex.submit(lambda: "refused")
+        assert queued.cancel()  # a cancelled task gives its slot back
+        extra = ex.submit(lambda: "fits again")
+        gate.set()
+        assert running.result(5) is True and extra.result(5) == "fits again"
+        assert [ex.submit(lambda i=i: i).result(5) for i in range(5)] == list(range(5))
+    finally:
+        gate.set()
+        ex.shutdown()
+
+
+def test_dedup_cache_is_bounded_in_size_and_age() -> None:
+    now = [0.0]
+    cache = DedupCache(capacity=3, ttl_s=10, clock=lambda: now[0])
+    cache.add(["a", "b", "c", None])
+    assert "a" in cache and len(cache) == 3
+    cache.add(["d"])  # evicts the oldest
+    assert "a" not in cache and {"b", "c", "d"} <= {x for x in "abcd" if x in cache}
+    now[0] = 10.0
+    assert "b" not in cache  # expired
+    cache.add(["e"])
+    assert len(cache) == 1 and "e" in cache
+
+
+@given(st.lists(st.sampled_from("abcdefgh"), max_size=60), st.integers(1, 5))
+def test_dedup_cache_remembers_exactly_the_most_recent_ids(ids: list[str], cap: int) -> None:
+    cache = DedupCache(capacity=cap, ttl_s=1e9)
+    for i in ids:
+        cache.add([i])
+    recent: list[str] = []
+    for i in reversed(ids):
+        if i not in recent:
+            recent.append(i)
+    assert {x for x in "abcdefgh" if x in cache} == set(recent[:cap])
+
+
+def test_subscription_expressions() -> None:
+    assert Subscription("t", "*").tags is None and Subscription("t", "").matches(None)
+    sub = Subscription("t", "TagA || TagB ||")
+    assert sub.tags == {"TagA", "TagB"}
+    assert sub.matches("TagA") and sub.matches("TagB")
+    assert not sub.matches("TagC") and not sub.matches(None) and not sub.matches("TagA ")
+
+
+def test_retry_delays_follow_the_attempt_and_stay_at_the_last() -> None:
+    assert retry_delay_s(ROCKETMQ_DELAYS_S, 1) == 10
+    assert retry_delay_s(ROCKETMQ_DELAYS_S, 16) == 7200
+    assert retry_delay_s(ROCKETMQ_DELAYS_S, 99) == 7200
+    assert retry_delay_s((0.5,), 3) == 0.5
+    rec = retry_record("R", b"k", b"v", [("A", b"1"), (RetryHeaders.RECONSUME_TIMES, b"1")],
+                       "T", 2, 123)
+    assert rec.headers == (("A", b"1"), ("RETRY_TOPIC", b"T"), ("RECONSUME_TIME", b"2"),
+                           ("TXSTREAM_RETRY_DUE_MS", b"123"))
+
+
+def test_check_offsets_commit_only_past_answered_requests() -> None:
+    tp = TopicPartition("c", 0)
+    o = _Offsets()
+    for off in (0, 1, 2):
+        assert o.take(tp, off)
+    assert o.to_commit() == {tp: 0}
+    o.finish(tp, 1, ok=True)
+    assert o.to_commit() == {tp: 0}  # 0 is still being answered
+    o.finish(tp, 0, ok=True)
+    assert o.to_commit() == {tp: 2}
+    o.committed({tp: 2})
+    assert o.to_commit() == {}
+    o.finish(tp, 2, ok=False)  # not acknowledged: pinned until rewound and answered again
+    assert not o.take(tp, 3)
+    assert o.to_commit() == {}
+    assert o.pop_failed() == {tp: 2}
+    o.rewind(tp, 2)
+    assert o.take(tp, 2) and o.take(tp, 3, inflight=False)
+    o.finish(tp, 2, ok=True)
+    assert o.to_commit() == {tp: 4}
