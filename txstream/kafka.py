@@ -87,6 +87,17 @@ class KafkaSettings:
         return asdict(self)
 
 
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    # Only connection failures mean "broker unavailable"; a bad client option must surface as
+    # what it is, not as an unreachable broker.
+    from kafka.errors import MetadataEmptyBrokerList, RetriableError
+
+    return (RetriableError, MetadataEmptyBrokerList, OSError)
+
+
+_UNREACHABLE = _unreachable_errors()
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     """An idempotent, acks=all producer: a send counts only once the broker stored it."""
     from kafka import KafkaProducer
@@ -102,7 +113,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     kw.update(overrides)
     try:
         return KafkaProducer(**kw)
-    except Exception as exc:  # kafka-python raises NoBrokersAvailable and friends
+    except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
         ) from None
@@ -125,7 +136,7 @@ def make_consumer(settings: KafkaSettings, **overrides: Any) -> Any:
     kw.update(overrides)
     try:
         return KafkaConsumer(**kw)
-    except Exception as exc:
+    except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
         ) from None
@@ -138,7 +149,7 @@ def make_admin(settings: KafkaSettings, **overrides: Any) -> Any:
     kw.update(overrides)
     try:
         return KafkaAdminClient(**kw)
-    except Exception as exc:
+    except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
         ) from None
