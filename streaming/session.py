@@ -13,7 +13,7 @@ LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 
 
 def build_session(
-    master: str = "local[2]",
+    master: str | None = None,
     shuffle_partitions: int = 2,
     state_store: str = "default",
     app_name: str = "txstream",
@@ -23,17 +23,22 @@ def build_session(
 
     ``shuffle_partitions`` and ``state_store`` are fixed in a query's checkpoint on its first
     run; Spark's default of 200 partitions made a batch 18x slower than 2 here.
+
+    ``master``: None is ``local[2]`` on loopback, unless ``spark-submit`` started this driver
+    (it sets ``PYSPARK_GATEWAY_PORT``): then its ``--master`` and network settings stand, since
+    a master set here would override them and executors cannot reach a loopback driver.
     """
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     # Driver-side Python (the data source reader) must start this interpreter, not the system one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if not submitted:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        SparkSession.builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")
@@ -43,8 +48,11 @@ def build_session(
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "30s")
-        .config("spark.driver.bindAddress", "127.0.0.1")
     )
+    if master is not None or not submitted:
+        builder = builder.master(master or "local[2]")
+    if not submitted:
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     if state_store == "rocksdb":
         builder = builder.config(
             "spark.sql.streaming.stateStore.providerClass",

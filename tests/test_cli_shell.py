@@ -1,0 +1,128 @@
+"""``txstream broker``, ``produce`` and ``consume`` against the real tansu broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from kafka_helpers import headers_of, produce, read_topic
+
+from streaming.cli import main
+from txstream.broker import free_port
+from txstream.kafka import KafkaSettings
+from txstream.message import Message
+from txstream.topics import Topics
+from txstream.wire import H, decode_end, decode_half, encode_visible
+
+pytestmark = pytest.mark.kafka
+
+TXSTREAM = [sys.executable, "-m", "streaming.cli"]
+
+
+def _kafka_args(kafka: KafkaSettings, topics: Topics) -> list[str]:
+    return ["--bootstrap-servers", kafka.bootstrap_servers,
+            "--topic-prefix", topics.half.removesuffix("RMQ_SYS_TRANS_HALF_TOPIC")]
+
+
+@pytest.mark.parametrize(("flag", "decision"), [
+    ([], "COMMIT_MESSAGE"), (["--rollback"], "ROLLBACK_MESSAGE"), (["--unknown"], "UNKNOW"),
+])
+def test_produce_writes_half_and_end(kafka: KafkaSettings, topics: Topics, unique: str,
+                                     capsys: pytest.CaptureFixture[str], flag: list[str],
+                                     decision: str) -> None:
+    rc = main(["produce", *_kafka_args(kafka, topics), "--topic", f"{unique}-real",
+               "--group", f"{unique}-g", "--tags", "TagA", "--keys", "K1",
+               "--property", "color=blue", *flag, "first", "second"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert [line.split()[1] for line in out] == [decision, decision]
+    txids = [line.split()[0] for line in out]
+    halves = [decode_half(r.key, r.value, r.headers) for r in read_topic(kafka, topics.half)]
+    by_id = {m.transaction_id: m for m in halves}
+    assert set(by_id) == set(txids)
+    first = by_id[txids[0]]
+    assert (first.topic, first.body, first.tags, first.keys, first.producer_group) == (
+        f"{unique}-real", b"first", "TagA", "K1", f"{unique}-g")
+    assert first.properties == {"color": "blue"}
+    ends = [decode_end(r.key, r.value, r.headers) for r in read_topic(kafka, topics.end)]
+    assert sorted(e.transaction_id for e in ends) == sorted(txids)
+    assert {e.decision.value for e in ends} == {decision}
+
+
+def test_produce_refuses_a_system_topic(kafka: KafkaSettings, topics: Topics,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["produce", *_kafka_args(kafka, topics), "--topic", topics.half,
+               "--group", "g", "body"])
+    assert rc == 2
+    assert "system topic" in capsys.readouterr().err
+    assert read_topic(kafka, topics.half) == []
+
+
+def test_consume_prints_released_messages_filtered_by_tag(
+    kafka: KafkaSettings, topics: Topics, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = f"{unique}-real"
+    msgs = [Message(real, f"body {i}".encode(), tags=tag, keys=f"K{i}", transaction_id=f"T{i}",
+                    msg_id=f"T{i}", producer_group="g", born_timestamp=1)
+            for i, tag in enumerate(["TagA", "TagC", "TagB", "TagA"])]
+    produce(kafka, [encode_visible(m) for m in msgs])
+    started = time.monotonic()
+    rc = main(["consume", *_kafka_args(kafka, topics), "--topic", real,
+               "--tags", "TagA || TagB", "--count", "3", "--timeout", "30"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    lines = captured.out.splitlines()
+    assert [line.rsplit("| ", 1)[1] for line in lines] == ["body 0", "body 2", "body 3"]
+    assert "tags=TagA" in lines[0] and "keys=K0" in lines[0] and "msgId=T0" in lines[0]
+    assert "received 3 message(s)" in captured.err
+    assert time.monotonic() - started < 30  # stopped at --count, not at the timeout
+
+
+def test_consume_fails_when_fewer_than_count_arrive(
+    kafka: KafkaSettings, unique: str, topics: Topics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["consume", *_kafka_args(kafka, topics), "--topic", f"{unique}-empty",
+               "--count", "1", "--timeout", "3"])
+    assert rc == 1
+    assert "received 0 message(s)" in capsys.readouterr().err
+
+
+def test_broker_command_serves_until_interrupted() -> None:
+    port = free_port()
+    proc = subprocess.Popen([*TXSTREAM, "broker", "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline() if proc.stdout else ""
+        assert f"listening on 127.0.0.1:{port}" in first
+        settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}")
+        produce(settings, [encode_visible(Message("probe", b"hello", transaction_id="T"))])
+        records = read_topic(settings, "probe")
+        assert [r.value for r in records] == [b"hello"]
+        assert headers_of(records[0])[H.TRANSACTION_ID] == "T"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # tansu ran in its own session: it must have been stopped, not orphaned.
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        pass
+    assert not any(f"127.0.0.1:{port}" in _cmdline(pid) for pid in _pids())
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

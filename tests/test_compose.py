@@ -1,0 +1,157 @@
+"""docker-compose.yml and the Dockerfile fit the CLI (no Docker engine here: parsed, not run).
+
+Every ``txstream`` command a service runs must parse with the real parser, every
+``TXSTREAM_*`` variable must reach the flag it is meant for, every bootstrap address must be
+the kafka service's internal listener, and the coordinator's health check must work against a
+real metrics server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streaming.cli import build_parser
+from streaming.config import config_from_args
+from streaming.metrics import serve_metrics
+from streaming.progress import CoordinatorStats
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+TXSTREAM = {name: s for name, s in SERVICES.items() if name != "kafka"}
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _parse(command: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Parse as the container would: the service's environment set, the image's entrypoint."""
+    for name in [k for k in os.environ if k.startswith("TXSTREAM_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        return build_parser().parse_args(command)
+    except SystemExit as exc:  # argparse's way of saying "unknown flag"
+        raise AssertionError(f"txstream {' '.join(command)} does not parse: exit {exc}") from None
+
+
+def test_the_services_are_there() -> None:
+    assert {"kafka", "coordinator", "demo-producer", "demo-consumer"} <= set(SERVICES)
+
+
+def test_kafka_is_a_pinned_official_image_in_kraft_mode() -> None:
+    kafka = SERVICES["kafka"]
+    assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", kafka["image"]), kafka["image"]
+    env = _env(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(f"{env['KAFKA_NODE_ID']}@kafka:")
+    assert "zookeeper" not in json.dumps(kafka).lower()
+    assert kafka["healthcheck"]["test"]
+
+
+def _listeners(text: str) -> dict[str, tuple[str, int]]:
+    out = {}
+    for item in text.split(","):
+        name, _, rest = item.partition("://")
+        host, _, port = rest.rpartition(":")
+        out[name] = (host, int(port))
+    return out
+
+
+def test_every_bootstrap_address_is_the_internal_listener_of_kafka() -> None:
+    env = _env(SERVICES["kafka"])
+    advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    bound = _listeners(env["KAFKA_LISTENERS"])
+    internal = [name for name, (host, _) in advertised.items() if host == "kafka"]
+    assert len(internal) == 1, advertised
+    host, port = advertised[internal[0]]
+    assert bound[internal[0]][1] == port  # advertised where it listens
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols[internal[0]] == "PLAINTEXT"
+    for name, service in TXSTREAM.items():
+        assert _env(service)["TXSTREAM_BOOTSTRAP_SERVERS"] == f"{host}:{port}", name
+    # The host's listener is published on the port it advertises.
+    ext = [(h, p) for n, (h, p) in advertised.items() if h == "localhost"]
+    assert ext and f"{ext[0][1]}:{ext[0][1]}" in SERVICES["kafka"]["ports"]
+
+
+@pytest.mark.parametrize("name", sorted(TXSTREAM))
+def test_commands_and_environment_fit_the_cli(name: str, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    service = TXSTREAM[name]
+    assert service["build"] == "." and service["image"] == TXSTREAM["coordinator"]["image"]
+    command, env = service["command"], _env(service)
+    assert all(k.startswith("TXSTREAM_") for k in env), env
+    args = _parse(command, env, monkeypatch)
+    for var, value in env.items():
+        flag = var.removeprefix("TXSTREAM_").lower()
+        assert hasattr(args, flag), f"{var}: txstream {command[0]} has no --{flag}"
+        if f"--{flag.replace('_', '-')}" not in command:  # a flag given beats the variable
+            assert str(getattr(args, flag)) == value, f"{var} is not read by {command[0]}"
+
+
+def test_the_coordinator_runs_with_the_demo_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    service = SERVICES["coordinator"]
+    args = _parse(service["command"], _env(service), monkeypatch)
+    assert args.command == "run"
+    config = config_from_args(args, args.bootstrap_servers)
+    assert (config.policy.transaction_timeout, config.policy.check_interval,
+            config.policy.check_max) == (2000, 2000, 3)
+    assert config.kafka.bootstrap_servers == "kafka:9092"
+    # the checkpoint is on the volume, the metrics port published
+    mount = service["volumes"][0].split(":")[1]
+    assert str(config.checkpoint_dir).startswith(mount + "/")
+    assert f"{config.metrics_port}:{config.metrics_port}" in service["ports"]
+    assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "checkpoints" in COMPOSE["volumes"]
+
+
+def test_the_demo_services_wait_for_what_they_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer, consumer = SERVICES["demo-producer"], SERVICES["demo-consumer"]
+    assert _parse(producer["command"], _env(producer), monkeypatch).role == "producer"
+    assert _parse(consumer["command"], _env(consumer), monkeypatch).role == "consumer"
+    assert producer["depends_on"]["coordinator"]["condition"] == "service_healthy"
+    assert consumer["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_the_coordinator_healthcheck_works_against_real_metrics() -> None:
+    """The health check's own code, run against serve_metrics: unhealthy before a batch."""
+    test = SERVICES["coordinator"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    stats = CoordinatorStats()
+    server = serve_metrics(0, stats, addr="127.0.0.1")
+    try:
+        code = test[3].replace("127.0.0.1:9464", f"127.0.0.1:{server.port}")
+        assert code != test[3]
+        assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 1
+        with stats.lock:
+            stats.batches = 1
+        assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+    finally:
+        server.close()
+
+
+def test_the_dockerfile_builds_the_txstream_image() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"openjdk-\d+-jre-headless", text)  # Spark needs a JVM
+    assert re.search(r"pip install (--no-deps )?\.", text)
+    assert re.search(r'^ENTRYPOINT \["txstream"\]', text, re.M)
+    cmd = json.loads(re.search(r"^CMD (\[.*\])", text, re.M).group(1))
+    build_parser().parse_args(cmd)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "checkpoints"} <= set(ignored)
