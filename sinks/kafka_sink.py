@@ -1,0 +1,215 @@
+"""The coordinator's output: rows of ``OUTPUT_SCHEMA`` written to Kafka, ``txstream-records``.
+
+Each row goes to ``row.topic`` with its key, value and headers, byte for byte::
+
+    (outputs.writeStream.format("txstream-records")
+     .option("kafka", json.dumps(settings.as_dict()))
+     .option("checkpointLocation", ...).start())
+
+A task returns only once the broker acknowledged every record (idempotent, acks=all). If any
+record was not, the task raises :class:`SendFailed`, which fails the micro-batch: Spark then
+commits neither the batch nor its state, and the batch is run again on restart. That is what
+makes "a back-check counts only when delivered" true. The price is at-least-once delivery: a
+batch that failed half-way writes its first half twice (consumers dedup on ``UNIQ_KEY``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
+
+from txstream.errors import ConfigError, SendFailed
+from txstream.kafka import KafkaSettings, make_producer
+from txstream.schema import OUTPUT_SCHEMA
+from txstream.topics import validate_topic
+
+__all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter"]
+
+log = logging.getLogger(__name__)
+
+SINK_NAME = "txstream-records"
+_COLUMNS = ("kind", "topic", "key", "value", "headers")
+_MAX_ERRORS_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The sink's options, parsed once on the driver; picklable."""
+
+    kafka: KafkaSettings
+    flush_timeout_s: float = 120.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        raw = options.get("kafka")
+        if not raw:
+            raise ConfigError("option kafka (JSON of KafkaSettings.as_dict()) is required")
+        try:
+            kafka = KafkaSettings(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"option kafka is not KafkaSettings JSON: {exc}") from None
+        text = options.get("flush_timeout_s")
+        try:
+            timeout = float(text) if text else 120.0
+        except ValueError:
+            raise ConfigError(f"option flush_timeout_s must be a number, got {text!r}") from None
+        return cls(kafka=kafka, flush_timeout_s=timeout)
+
+    @property
+    def client_key(self) -> str:
+        return json.dumps(self.kafka.as_dict(), sort_keys=True, default=str)
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    """What one task delivered: records acknowledged per ``kind``."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+# One producer per worker process and settings: Spark reuses its Python workers, and a new
+# producer costs a connection and an idempotent-producer id for every micro-batch.
+_PRODUCERS: dict[str, Any] = {}
+_PRODUCERS_LOCK = threading.Lock()
+
+
+def _producer(options: SinkOptions) -> Any:
+    with _PRODUCERS_LOCK:
+        producer = _PRODUCERS.get(options.client_key)
+        if producer is None:
+            producer = make_producer(options.kafka)
+            _PRODUCERS[options.client_key] = producer
+        return producer
+
+
+def _drop_producer(options: SinkOptions) -> None:
+    """Forget a producer after a failure: an idempotent producer may be left in a fatal state."""
+    with _PRODUCERS_LOCK:
+        producer = _PRODUCERS.pop(options.client_key, None)
+    if producer is None:
+        return
+    try:
+        producer.close(timeout=0)
+    except Exception:
+        # kafka-python's close() flushes first and gives up while records are pending, leaving
+        # its I/O thread retrying until delivery_timeout_ms (2 min). Stop it now: the records
+        # are failed, and the batch will be sent again anyway.
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+def _headers(raw: list[dict[str, Any]] | None) -> list[tuple[str, bytes]]:
+    # kafka-python wants (str, bytes) tuples and writes a null value as empty anyway.
+    return [(h["key"], h["value"] if h["value"] is not None else b"") for h in raw or ()]
+
+
+def _invalid(topic: Any, key: Any, value: Any, headers: Any) -> str | None:
+    """Why a row can never be written (checked before sending anything), else None."""
+    try:
+        validate_topic(topic)
+    except ConfigError as exc:
+        return str(exc)
+    if any(h is None or not isinstance(h.get("key"), str) for h in headers or ()):
+        return f"record for topic {topic} has a header without a name"
+    return None
+
+
+def _rows(batches: Iterator[Any]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for batch in batches:
+        # Column-wise to_pylist is far cheaper than Spark building a Row per record.
+        cols = [batch.column(name).to_pylist() for name in _COLUMNS]
+        rows.extend(zip(*cols))
+    return rows
+
+
+def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
+    """Send ``(kind, topic, key, value, headers)`` rows; raise SendFailed unless all were acked."""
+    invalid = [(row[1], why) for row in rows if (why := _invalid(*row[1:]))]
+    if invalid:
+        # Refused before sending anything: a deterministic error must not half-write a batch.
+        shown = "; ".join(why for _, why in invalid[:_MAX_ERRORS_SHOWN])
+        raise SendFailed(f"{len(invalid)} of {len(rows)} records cannot be written: {shown}")
+    futures: list[tuple[str, Any]] = []
+    counts: Counter[str] = Counter()
+    try:
+        producer = _producer(options)
+        for kind, topic, key, value, headers in rows:
+            if key is None and value is None:
+                # kafka-python refuses such a record (Kafka does not): e.g. the dead letter of
+                # a keyless tombstone. An empty value is the nearest it can send.
+                value = b""
+            futures.append((topic, producer.send(topic, key=key, value=value,
+                                                 headers=_headers(headers))))
+            counts[kind] += 1
+        producer.flush(timeout=options.flush_timeout_s)
+    except Exception as exc:
+        _drop_producer(options)
+        at = len(futures)
+        step = (f"flushing {len(rows)} records" if at == len(rows)
+                else f"sending record {at + 1} of {len(rows)} (topic {rows[at][1]})")
+        raise SendFailed(f"{step} failed: {type(exc).__name__}: {exc}") from exc
+    failed = [(topic, fut) for topic, fut in futures if not fut.succeeded()]
+    if failed:
+        _drop_producer(options)
+        shown = "; ".join(
+            f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
+            for topic, fut in failed[:_MAX_ERRORS_SHOWN]
+        )
+        raise SendFailed(
+            f"{len(failed)} of {len(rows)} records were not acknowledged by the broker: {shown}"
+        )
+    return SinkCommit(dict(counts))
+
+
+class KafkaRecordWriter(DataSourceStreamArrowWriter):
+    """Writes one micro-batch's partition of rows; Arrow in, so no Row per record is built."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.delivered: Counter[str] = Counter()  # driver side: totals over committed batches
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        return send_rows(self.options, _rows(iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        for message in messages:
+            if isinstance(message, SinkCommit):
+                self.delivered.update(message.counts)
+        log.debug("batch %d delivered %s", batchId, dict(self.delivered))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        sent = sum(m.total for m in messages if isinstance(m, SinkCommit))
+        log.warning("batch %d failed; %d records of its successful tasks will be sent again",
+                    batchId, sent)
+
+
+class KafkaRecordSink(DataSource):
+    """``txstream-records``: write ``OUTPUT_SCHEMA`` rows to the topics they name."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def schema(self) -> str:
+        return OUTPUT_SCHEMA
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        return KafkaRecordWriter(SinkOptions.parse(self.options))

@@ -1,0 +1,113 @@
+"""The ``txstream-records`` sink against the real tansu broker and the local Spark session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka_helpers import read_topic
+from pyspark.errors import StreamingQueryException
+
+from sinks.kafka_sink import SinkCommit, SinkOptions, send_rows
+from sources.kafka_source import register
+from txstream.broker import EmbeddedBroker
+from txstream.errors import SendFailed
+from txstream.kafka import KafkaSettings
+from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+
+pytestmark = pytest.mark.spark
+
+
+def _write(spark: Any, kafka: KafkaSettings, rows: list[tuple[Any, ...]], base: Path) -> Any:
+    """Stream ``rows`` (OUTPUT_SCHEMA) through the sink in one micro-batch and wait for it."""
+    register(spark)
+    spark.createDataFrame(rows, OUTPUT_SCHEMA).coalesce(1).write.parquet(str(base / "in"))
+    query = (spark.readStream.schema(OUTPUT_SCHEMA).parquet(str(base / "in"))
+             .writeStream.format("txstream-records")
+             .option("kafka", json.dumps(kafka.as_dict()))
+             .option("checkpointLocation", str(base / "cp"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    return query
+
+
+def _row(kind: str, topic: str, key: bytes | None, value: bytes | None,
+         headers: list[tuple[str, bytes]]) -> tuple[Any, ...]:
+    """An OUTPUT_SCHEMA row; the columns the sink does not read stay null."""
+    given = {"kind": kind, "topic": topic, "key": key, "value": value,
+             "headers": [{"key": k, "value": v} for k, v in headers]}
+    return tuple(given.get(name) for name, _ in OUTPUT_COLUMNS)
+
+
+def test_sink_writes_key_value_and_headers_byte_exact(
+    spark, kafka, unique, checkpoint_dir: Path
+) -> None:
+    visible, check = f"{unique}_visible", f"{unique}_check"  # not created: the broker does it
+    odd = [("UNIQ_KEY", b"m-1"), ("bin", bytes(range(256))), ("empty", b""), ("dup", b"1"),
+           ("dup", b"2"), ("utf8-\u00e9", "\u00e9t\u00e9".encode())]
+    rows = [
+        ("visible", visible, b"k\x00\xff", b"\x00body\xfe", odd),
+        ("visible", visible, None, b"keyless", []),
+        ("check", check, b"tx3", b"", [("CHECK", b"1")]),
+        ("check", check, b"tx4", b"v" * 100_000, []),
+    ]
+    query = _write(spark, kafka, [_row(*r) for r in rows], checkpoint_dir)
+    assert query.exception() is None
+    assert sum(p["numInputRows"] for p in query.recentProgress) == 4
+
+    got = {(topic, r.key, r.value, tuple((k, bytes(v)) for k, v in r.headers))
+           for topic in (visible, check) for r in read_topic(kafka, topic)}
+    want = {(r[1], r[2], r[3], tuple(r[4])) for r in rows}
+    assert got == want
+
+
+def test_sink_failure_fails_the_batch_with_send_failed(
+    spark, kafka, unique, checkpoint_dir: Path
+) -> None:
+    topic = f"{unique}_out"
+    too_big = b"x" * (9 * 1024 * 1024)  # over the producer's max_request_size (8 MiB)
+    rows = [_row("visible", topic, b"ok", b"fine", []),
+            _row("visible", topic, b"big", too_big, [])]
+    with pytest.raises(StreamingQueryException,
+                       match=r"SendFailed: sending record 2 of 2 .*MessageSizeTooLarge"):
+        _write(spark, kafka, rows, checkpoint_dir)
+    # The batch was not committed: a restart runs it again (here: fails again, same reason).
+    assert not list((checkpoint_dir / "cp" / "commits").glob("[0-9]*"))
+
+
+@pytest.mark.kafka
+def test_invalid_rows_are_refused_before_anything_is_sent(kafka, unique) -> None:
+    topic = f"{unique}_good"
+    options = SinkOptions(kafka=kafka)
+    rows = [("visible", topic, b"k", b"v", None),
+            ("visible", "bad topic!", b"k", b"v", None),
+            ("dead_letter", topic, b"k", b"v", [{"key": None, "value": b"x"}])]
+    with pytest.raises(SendFailed, match=r"2 of 3 records cannot be written.*bad topic!"):
+        send_rows(options, rows)
+    assert read_topic(kafka, topic) == []  # nothing half-written
+
+    result = send_rows(options, [("visible", topic, b"k", b"v", None),
+                                 ("history", topic, b"k", b"h", [{"key": "a", "value": None}]),
+                                 ("dead_letter", topic, None, None, [])])
+    assert isinstance(result, SinkCommit)
+    assert result.counts == {"visible": 1, "history": 1, "dead_letter": 1}
+    # kafka-python writes a null header value as empty, and cannot send neither key nor value.
+    got = sorted((r.key or b"", r.value, r.headers) for r in read_topic(kafka, topic))
+    assert got == [(b"", b"", []), (b"k", b"h", [("a", b"")]), (b"k", b"v", [])]
+
+
+@pytest.mark.kafka
+def test_unacknowledged_records_raise_send_failed() -> None:
+    broker = EmbeddedBroker().start()
+    try:
+        options = SinkOptions(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
+                              flush_timeout_s=1.0)
+        assert send_rows(options, [("visible", "t", b"k", b"v", [])]).counts == {"visible": 1}
+    finally:
+        broker.stop()
+    # The cached producer still knows the topic's leader, so send() accepts the record and
+    # only the missing acknowledgement can tell: the flush runs out of time.
+    with pytest.raises(SendFailed, match="KafkaTimeoutError"):
+        send_rows(options, [("visible", "t", b"k", b"v", [])])

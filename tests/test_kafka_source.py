@@ -1,0 +1,311 @@
+"""The ``txstream-events`` source against the real tansu broker and the local Spark session."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka_helpers import produce, wait_until
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from sources.kafka_source import (
+    KafkaEventReader,
+    KafkaEventSource,
+    SourceOptions,
+    SourceReadError,
+    TopicSlice,
+    register,
+    spread_budget,
+)
+from txstream.kafka import KafkaSettings, make_producer
+from txstream.message import Decision, EndEvent, Message
+from txstream.schema import EVENT_COLUMNS
+from txstream.topics import Topics
+from txstream.wire import Record, encode_end, encode_half
+
+pytestmark = pytest.mark.spark
+
+
+def _options(kafka: KafkaSettings, topics: Topics, **extra: Any) -> dict[str, str]:
+    opts = {"kafka": json.dumps(kafka.as_dict()), "half_topic": topics.half,
+            "end_topic": topics.end}
+    opts.update({k: str(v) for k, v in extra.items()})
+    return opts
+
+
+def _stream(spark: Any, kafka: KafkaSettings, topics: Topics, **extra: Any) -> Any:
+    register(spark)
+    reader = spark.readStream.format("txstream-events")
+    for key, value in _options(kafka, topics, **extra).items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def _half(topics: Topics, txid: str, **fields: Any) -> Record:
+    msg = Message(topic=fields.pop("topic", "orders"),
+                  body=fields.pop("body", b"body-" + txid.encode()), transaction_id=txid,
+                  producer_group="pg", born_timestamp=1_700_000_000_000, **fields)
+    return encode_half(msg, topics)
+
+
+def _end(topics: Topics, txid: str, decision: Decision = Decision.COMMIT_MESSAGE,
+         **fields: Any) -> Record:
+    return encode_end(EndEvent(transaction_id=txid, producer_group="pg", decision=decision,
+                               **fields), topics)
+
+
+def _reader(kafka: KafkaSettings, topics: Topics, **extra: Any) -> KafkaEventReader:
+    """The reader as Spark's planner process drives it, called directly (no Spark query)."""
+    return KafkaEventReader(SourceOptions.parse(_options(kafka, topics, **extra)), StructType())
+
+
+def test_parses_half_end_and_malformed_records(spark, kafka, topics) -> None:
+    half = _half(topics, "tx-half", tags="TagA", keys="order-1", msg_id="m-1",
+                 properties={"color": "blue", "size": "L"}, check_immunity_time_s=7)
+    commit = _end(topics, "tx-half", from_check=True, check_times=2)
+    rollback = _end(topics, "tx-rb", Decision.ROLLBACK_MESSAGE, operator="ops",
+                    remark="disk full", born_timestamp=42)
+    bad_headers = (("TRAN_MSG", b"false"), ("PGROUP", b"\xff\xfe"), ("dup", b""), ("dup", b"2"))
+    malformed = [
+        Record(topics.half, b"k-not-half", b"v1", bad_headers),
+        _half(topics, "k-too-big", body=b"x" * 64),  # over max_body_bytes=32 below
+        _half(topics, "k-bad-topic", topic="bad topic!"),
+        Record(topics.end, b"k-unknown", None, (("COMMIT_OR_ROLLBACK", b"MAYBE"),
+                                                ("PGROUP", b"pg"))),
+        Record(topics.end, None, b"no key", (("COMMIT_OR_ROLLBACK", b"COMMIT_MESSAGE"),
+                                             ("PGROUP", b"pg"))),
+    ]
+    produce(kafka, [half, commit, rollback, *malformed])
+
+    name = f"events_{uuid.uuid4().hex[:8]}"
+    query = (_stream(spark, kafka, topics, max_body_bytes=32).writeStream.format("memory")
+             .queryName(name).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    rows = [r.asDict(recursive=True) for r in spark.table(name).collect()]
+    assert len(rows) == 8
+
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+        assert row["src_topic"] in (topics.half, topics.end)
+        assert row["src_partition"] is not None and row["src_offset"] is not None
+    assert sorted(by_kind) == ["end", "half", "malformed"]
+
+    (h,) = by_kind["half"]
+    assert (h["transaction_id"], h["producer_group"], h["topic"]) == ("tx-half", "pg", "orders")
+    assert (h["body"], h["tags"], h["keys"], h["msg_id"]) == (b"body-tx-half", "TagA",
+                                                             "order-1", "m-1")
+    assert h["properties"] == {"color": "blue", "size": "L"}
+    assert (h["born_ms"], h["immunity_s"]) == (1_700_000_000_000, 7)
+    assert h["decision"] is None and h["error"] is None and h["raw_value"] is None
+    assert h["src_topic"] == topics.half
+
+    ends = {r["transaction_id"]: r for r in by_kind["end"]}
+    assert ends["tx-half"]["decision"] == "COMMIT_MESSAGE"
+    assert (ends["tx-half"]["from_check"], ends["tx-half"]["check_times"]) == (True, 2)
+    rb = ends["tx-rb"]
+    assert (rb["decision"], rb["operator"], rb["remark"]) == ("ROLLBACK_MESSAGE", "ops",
+                                                               "disk full")
+    assert (rb["from_check"], rb["check_times"], rb["born_ms"]) == (False, None, 42)
+    assert rb["body"] is None and rb["src_topic"] == topics.end
+
+    bad = {r["raw_key"]: r for r in by_kind["malformed"]}
+    assert sorted(k or b"" for k in bad) == sorted(
+        [b"k-not-half", b"k-too-big", b"k-bad-topic", b"k-unknown", b""])
+    first = bad[b"k-not-half"]
+    assert "TRAN_MSG" in first["error"] or "UTF-8" in first["error"]
+    assert first["raw_value"] == b"v1" and first["transaction_id"] is None
+    assert [(h["key"], h["value"]) for h in first["raw_headers"]] == list(bad_headers)
+    assert "exceeds the limit of 32" in bad[b"k-too-big"]["error"]
+    assert bad[b"k-too-big"]["raw_value"] == b"x" * 64
+    assert "bad topic!" in bad[b"k-bad-topic"]["error"]
+    assert "MAYBE" in bad[b"k-unknown"]["error"]
+    assert bad[b"k-unknown"]["src_topic"] == topics.end
+    assert "transaction id" in bad[None]["error"]
+
+
+def test_restart_from_checkpoint_reads_every_record_once(
+    spark, kafka, topics, checkpoint_dir: Path
+) -> None:
+    first = [r for i in range(20) for r in (_half(topics, f"a{i}"), _end(topics, f"a{i}"))]
+    produce(kafka, first)
+    out = checkpoint_dir / "out"
+    cp = checkpoint_dir / "cp"
+
+    def start(trigger: dict[str, Any]) -> Any:
+        return (_stream(spark, kafka, topics, max_offsets_per_trigger=10)
+                .select("kind", "transaction_id", "src_topic", "src_partition", "src_offset")
+                .writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(cp)).trigger(**trigger).start())
+
+    query = start({"processingTime": "0 seconds"})
+    # Stop part-way: after a few batches committed, with records left and a batch maybe running.
+    wait_until(lambda: sum(1 for p in query.recentProgress if p["numInputRows"]) >= 2, 90)
+    query.stop()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes[0] == 10 and max(sizes) <= 10, sizes  # the limit is used, and held
+    done_before = sum(sizes)
+    assert done_before < len(first)
+
+    second = [r for i in range(10) for r in (_half(topics, f"b{i}"), _end(topics, f"b{i}"))]
+    produce(kafka, second)
+    query = start({"availableNow": True})
+    query.awaitTermination(120)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= 10, sizes
+
+    rows = spark.read.parquet(str(out)).collect()
+    where = [(r.src_topic, r.src_partition, r.src_offset) for r in rows]
+    assert len(where) == len(set(where)) == len(first) + len(second)  # no loss, no duplicate
+    got = sorted((r.kind, r.transaction_id) for r in rows)
+    want = sorted((k, f"{p}{i}") for p, n in (("a", 20), ("b", 10)) for i in range(n)
+                  for k in ("half", "end"))
+    assert got == want
+
+
+@pytest.mark.kafka
+def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
+    reader = _reader(kafka, topics, topic_partitions=2)
+    start = reader.initialOffset()
+    assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0}}
+    # 12 records on half/0, 3 on half/1, none on the end topic.
+    records = [Record(topics.half, b"k", b"v%d" % i, ()) for i in range(15)]
+    producer = make_producer(kafka)
+    for i, r in enumerate(records):
+        producer.send(r.topic, key=r.key, value=r.value, partition=0 if i < 12 else 1)
+    producer.flush()
+    producer.close()
+
+    latest = reader.latestOffset(start, ReadAllAvailable())
+    assert latest == {topics.half: {"0": 12, "1": 3}, topics.end: {"0": 0, "1": 0}}
+    limited = reader.latestOffset(start, ReadMaxRows(9))
+    assert limited == {topics.half: {"0": 6, "1": 3}, topics.end: {"0": 0, "1": 0}}
+    assert reader.getDefaultReadLimit() == ReadAllAvailable()
+    # No new data: the same offsets, as the same JSON (Spark compares the text).
+    again = reader.latestOffset(latest, ReadMaxRows(9))
+    assert json.dumps(again) == json.dumps(latest)
+    # A partition the checkpoint does not know (added after it was written) is read from 0.
+    old_checkpoint = {topics.half: {"0": 12}, topics.end: {"0": 0, "1": 0}}
+    assert reader.latestOffset(old_checkpoint, ReadAllAvailable())[topics.half] == {
+        "0": 12, "1": 3}
+    slices = reader.partitions(old_checkpoint, latest)
+    assert slices == [TopicSlice(topics.half, 1, 0, 3, True)]
+    assert sum(b.num_rows for b in _read(kafka, topics, slices[0])) == 3
+
+    # The broker has fewer records than the checkpoint read (a memory broker restarted).
+    ahead = {topics.half: {"0": 20, "1": 3}, topics.end: {"0": 0, "1": 0}}
+    with pytest.raises(SourceReadError, match=r"HALF_TOPIC/0 \(end 12, checkpoint 20\)"):
+        reader.latestOffset(ahead, ReadAllAvailable())
+    lenient = _reader(kafka, topics, fail_on_data_loss="false")
+    assert lenient.latestOffset(ahead, ReadAllAvailable())[topics.half] == {"0": 0, "1": 3}
+
+    # Trigger.AvailableNow: nothing produced after prepare is planned.
+    reader.prepareForTriggerAvailableNow()
+    produce(kafka, [Record(topics.end, b"late", b"v", ())])
+    assert reader.latestOffset(latest, ReadAllAvailable()) == latest
+
+
+def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice, **extra: Any) -> list[Any]:
+    """What a Spark task gets from ``read``: Arrow batches."""
+    source = KafkaEventSource(_options(kafka, topics, **extra))
+    return list(source.streamReader(_event_struct()).read(part))
+
+
+def _event_struct() -> StructType:
+    """EVENT_SCHEMA as the StructType Spark hands to workers (parsing DDL needs the JVM)."""
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    types = {"string": StringType(), "boolean": BooleanType(), "int": IntegerType(),
+             "bigint": LongType(), "binary": BinaryType(),
+             "map<string,string>": MapType(StringType(), StringType()),
+             "array<struct<key:string,value:binary>>": ArrayType(header)}
+    return StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
+
+
+@pytest.mark.kafka
+def test_read_never_hangs_on_missing_records(kafka, topics) -> None:
+    reader = _reader(kafka, topics)
+    reader.initialOffset()
+    produce(kafka, [Record(topics.end, b"k", b"v", ())] * 2)
+    partition = next(p for p, n in reader.latestOffset(reader.initialOffset(),
+                                                       ReadAllAvailable())[topics.end].items()
+                     if n > 0)
+    # Planned up to offset 50, but the broker only has a couple of records: a clear error.
+    beyond = TopicSlice(topics.end, int(partition), 0, 50, False)
+    began = time.monotonic()
+    with pytest.raises(SourceReadError, match="stuck at offset"):
+        _read(kafka, topics, beyond, read_timeout_ms=700)
+    assert time.monotonic() - began < 10
+
+
+class _NotUtf8(str):
+    """A header name kafka-python writes as bytes that are not UTF-8, as any client could."""
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        return b"\xff\xfe-name"
+
+
+@pytest.mark.kafka
+def test_unreadable_record_becomes_malformed_instead_of_stopping_the_source(
+    kafka, topics
+) -> None:
+    reader = _reader(kafka, topics, read_timeout_ms=2000)
+    start = reader.initialOffset()
+    good = [("COMMIT_OR_ROLLBACK", b"COMMIT_MESSAGE"), ("PGROUP", b"pg")]
+    producer = make_producer(kafka)
+    try:
+        # Partition 0: one record per record batch. Partition 1: all in one batch.
+        for partition, flush_each in ((0, True), (1, False)):
+            for key, headers in ((b"a", good), (b"bad", [(_NotUtf8("x"), b"y")]), (b"b", good)):
+                producer.send(topics.end, key=key, value=None, headers=headers,
+                              partition=partition)
+                if flush_each:
+                    producer.flush()
+        producer.flush()
+    finally:
+        producer.close()
+    began = time.monotonic()
+    end = reader.latestOffset(start, ReadAllAvailable())  # planning must get past it too
+    assert end[topics.end] == {"0": 3, "1": 3}
+    rows = {}
+    for part in reader.partitions(start, end):
+        for batch in _read(kafka, topics, part, read_timeout_ms=2000):
+            for row in batch.to_pylist():
+                rows[(row["src_partition"], row["src_offset"])] = row
+    assert time.monotonic() - began < 10
+    assert sorted(rows) == [(p, o) for p in (0, 1) for o in range(3)]  # each offset once
+    assert [rows[(0, o)]["kind"] for o in range(3)] == ["end", "malformed", "end"]
+    bad = rows[(0, 1)]
+    assert bad["error"].startswith("unreadable record (CorruptRecordError")
+    assert (bad["raw_key"], bad["raw_value"], bad["src_topic"]) == (None, b"", topics.end)
+    # kafka-python cannot parse past a bad record inside its batch: the rest of that batch is
+    # dead-lettered as unreadable (with its offsets) rather than lost or blocking.
+    assert [rows[(1, o)]["kind"] for o in range(3)] == ["end", "malformed", "malformed"]
+
+
+def test_spread_budget_is_fair_and_never_exceeds() -> None:
+    assert spread_budget([100, 100], 10) == [5, 5]
+    assert spread_budget([2, 100, 100], 10) == [2, 4, 4]
+    assert spread_budget([0, 3, 50], 1000) == [0, 3, 50]
+    assert spread_budget([5, 9, 7], 2) == [0, 1, 1]  # the ones furthest behind first
+    assert spread_budget([10, 10, 10], 4) == [2, 1, 1]
+    for avail, budget in (([7, 1, 30, 0], 13), ([3] * 9, 5), ([1000], 1)):
+        take = spread_budget(avail, budget)
+        assert sum(take) == min(budget, sum(avail))
+        assert all(0 <= t <= a for t, a in zip(take, avail))
