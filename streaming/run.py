@@ -10,7 +10,12 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from streaming.config import RunConfig, add_run_arguments, config_from_args
+from streaming.config import (
+    DEFAULT_CHECKPOINT_ROOT,
+    RunConfig,
+    add_run_arguments,
+    config_from_args,
+)
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import wait_for_broker
 
@@ -50,6 +55,9 @@ class Coordinator:
 
     def stop(self) -> None:
         if self.query is not None:
+            # Stopping interrupts the running batch on purpose; Spark would log that as an error
+            # with a stack trace. The checkpoint makes the interrupted batch run again.
+            self.spark.sparkContext.setLogLevel("OFF")
             try:
                 self.query.stop()
             except Exception:  # stopping a failed query raises its failure again
@@ -93,6 +101,11 @@ def run_command(args: argparse.Namespace) -> int:
             bootstrap = broker.bootstrap_servers
             _say(f"embedded tansu broker listening on {bootstrap} (memory storage)")
         config = config_from_args(args, bootstrap)
+        if not args.bootstrap_servers and not args.checkpoint_dir:
+            # The embedded broker starts empty every time: a checkpoint from an earlier run
+            # would be ahead of it (the source refuses that as data loss). Start a fresh one.
+            fresh = DEFAULT_CHECKPOINT_ROOT / f"embedded-{time.strftime('%Y%m%d-%H%M%S')}"
+            config = config.with_(checkpoint_dir=fresh)
         _say(f"waiting for Kafka at {bootstrap}")
         wait_for_broker(config.kafka, timeout_s=args.broker_timeout)
         coordinator = Coordinator(config, emit=_say)
