@@ -13,7 +13,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from streaming import run
+    from streaming import admin, broker_cmd, demo, pending, run, shell
 
     parser = argparse.ArgumentParser(
         prog="txstream",
@@ -21,6 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run.add_parser(sub)
+    broker_cmd.add_parser(sub)
+    demo.add_parser(sub)
+    shell.add_parser(sub)
+    pending.add_parser(sub)
+    admin.add_parser(sub)
     return parser
 
 

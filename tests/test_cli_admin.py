@@ -16,6 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from state.policy import Policy
+from streaming.cli import main
+from streaming.config import RunConfig
+from streaming.query import start_coordinator
+from txstream.kafka import KafkaSettings
+from txstream.message import Decision
+from txstream.topics import Topics
+
 from kafka_helpers import (
     end_record,
     half_record,
@@ -26,14 +35,6 @@ from kafka_helpers import (
     wait_for,
     wait_until,
 )
-
-from state.policy import Policy
-from streaming.cli import main
-from streaming.config import RunConfig
-from streaming.query import start_coordinator
-from txstream.kafka import KafkaSettings
-from txstream.message import Decision
-from txstream.topics import Topics
 
 pytestmark = pytest.mark.spark
 

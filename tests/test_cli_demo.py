@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from kafka_helpers import wait_until
 
 pytestmark = pytest.mark.spark

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from kafka_helpers import produce, read_topic, wait_until
 
 from client import (
     BoundedExecutor,
@@ -30,6 +29,8 @@ from txstream.kafka import KafkaSettings
 from txstream.message import EndEvent
 from txstream.topics import Topics
 from txstream.wire import H, Record, decode_end, decode_half, encode_check
+
+from kafka_helpers import produce, read_topic, wait_until
 
 pytestmark = pytest.mark.kafka
 

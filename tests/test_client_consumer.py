@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from kafka_helpers import read_topic, wait_until
 
 from client import ClientStateError, ConfigError, ConsumeStatus, Message, PushConsumer
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.wire import H, encode_visible, header_dict
+
+from kafka_helpers import read_topic, wait_until
 
 pytestmark = pytest.mark.kafka
 

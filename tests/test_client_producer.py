@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kafka_helpers import read_topic
 
 from client import (
     MAX_BODY_BYTES,
@@ -27,6 +26,8 @@ from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 from txstream.wire import decode_end, decode_half
+
+from kafka_helpers import read_topic
 
 pytestmark = pytest.mark.kafka
 

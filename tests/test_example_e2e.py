@@ -15,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from kafka_helpers import read_topic, wait_until
 
 from state.policy import Policy
 from streaming.config import RunConfig
@@ -23,6 +22,8 @@ from streaming.query import start_coordinator
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 from txstream.wire import H, header_dict
+
+from kafka_helpers import read_topic, wait_until
 
 pytestmark = pytest.mark.spark
 

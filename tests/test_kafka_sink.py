@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import read_topic
 from pyspark.errors import StreamingQueryException
 
 from sinks.kafka_sink import SinkCommit, SinkOptions, send_rows
@@ -16,6 +15,8 @@ from txstream.broker import EmbeddedBroker
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+
+from kafka_helpers import read_topic
 
 pytestmark = pytest.mark.spark
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import produce, wait_until
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import (
     ArrayType,
@@ -37,6 +36,8 @@ from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EVENT_COLUMNS
 from txstream.topics import Topics
 from txstream.wire import Record, encode_end, encode_half
+
+from kafka_helpers import produce, wait_until
 
 pytestmark = pytest.mark.spark
 

@@ -5,20 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tx_helpers import (
-    COMMIT,
-    ROLLBACK,
-    T0,
-    UNKNOWN,
-    P,
-    answer,
-    end,
-    half,
-    kinds,
-    only,
-    reach,
-    registered,
-)
 
 from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
 from state.lifecycle import (
@@ -33,6 +19,21 @@ from state.lifecycle import (
 )
 from state.policy import HOUR, SECOND, Policy
 from txstream.message import Decision, EndEvent, Message
+
+from tx_helpers import (
+    COMMIT,
+    ROLLBACK,
+    T0,
+    UNKNOWN,
+    P,
+    answer,
+    end,
+    half,
+    kinds,
+    only,
+    reach,
+    registered,
+)
 
 # --- every entry of TRANSITIONS ----------------------------------------------------------------
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, P, end, half, kinds, only, reach, registered
 
 from state.effects import DeadLetter, Note, Release
 from state.lifecycle import Status, apply, on_timeout
 from txstream.message import Decision, EndEvent
+
+from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, P, end, half, kinds, only, reach, registered
 
 # --- producer groups --------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kafka_helpers import end_record, half_record, produce, wait_for, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from state.policy import Policy
@@ -21,6 +20,8 @@ from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.topics import Topics
 from txstream.wire import Record
+
+from kafka_helpers import end_record, half_record, produce, wait_for, wait_until
 
 COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
 
