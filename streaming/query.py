@@ -56,6 +56,7 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
     """The coordinator's DataStreamWriter, not yet started."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
+
     from sources.kafka_source import register
 
     register(spark)  # both data sources: the events source and the records sink
