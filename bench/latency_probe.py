@@ -102,6 +102,7 @@ def main() -> None:
         stop.set()
         reader.join()
         late = _check_lateness(kafka, topics)
+        phases = _batch_phases(coordinator.query.recentProgress)
         coordinator.stop()
         latencies = [(seen[t] - acked[t]) * 1000 for t in seen]
         print(f"session start            {session_s:6.1f} s")
@@ -111,6 +112,20 @@ def main() -> None:
               f"max {max(latencies):.0f} ms")
         print(f"back-check lateness (n={len(late)})  p50 {statistics.median(late):.0f} ms  "
               f"max {max(late):.0f} ms")
+        for label, figures in phases.items():
+            shown = "  ".join(f"{k} {v:.0f}" for k, v in figures.items())
+            print(f"{label:24s} {shown} (ms, p50)")
+
+
+def _batch_phases(progress: list[Any]) -> dict[str, dict[str, float]]:
+    """Median of each part of Spark's ``durationMs``, for batches with input and without."""
+    groups: dict[str, list[dict[str, int]]] = {"busy batch": [], "idle batch": []}
+    for p in progress:
+        label = "busy batch" if p.numInputRows else "idle batch"
+        groups[label].append(dict(p.durationMs))
+    return {label: {k: statistics.median(d.get(k, 0) for d in rows)
+                    for k in sorted({k for d in rows for k in d})}
+            for label, rows in groups.items() if rows}
 
 
 def _send(producer: Any, record: Record) -> None:

@@ -9,8 +9,12 @@ Each row goes to ``row.topic`` with its key, value and headers, byte for byte::
 A task returns only once the broker acknowledged every record (idempotent, acks=all). If any
 record was not, the task raises :class:`SendFailed`, which fails the micro-batch: Spark then
 commits neither the batch nor its state, and the batch is run again on restart. That is what
-makes "a back-check counts only when delivered" true. The price is at-least-once delivery: a
-batch that failed half-way writes its first half twice (consumers dedup on ``UNIQ_KEY``).
+makes "a back-check counts only when delivered" true.
+
+A replayed batch writes nothing twice: its records carry the ids the operator gave them
+(``record_id``, equal in a replay), and a task that may be re-running a batch first reads
+what is already on its topics and leaves those records out (:mod:`sinks.replay`). Option
+``replay_check=false`` turns that off (measurements only: a restart then duplicates).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.schema import OUTPUT_SCHEMA
@@ -40,7 +45,8 @@ __all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRe
 log = logging.getLogger(__name__)
 
 SINK_NAME = "txstream-records"
-_COLUMNS = ("kind", "topic", "key", "value", "headers")
+# Rows as send_rows takes them; record_id and batch_ms let a replay find what was written.
+_COLUMNS = ("kind", "topic", "key", "value", "headers", "record_id", "batch_ms")
 _MAX_ERRORS_SHOWN = 3
 
 
@@ -50,6 +56,7 @@ class SinkOptions:
 
     kafka: KafkaSettings
     flush_timeout_s: float = 120.0
+    replay_check: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -65,7 +72,10 @@ class SinkOptions:
             timeout = float(text) if text else 120.0
         except ValueError:
             raise ConfigError(f"option flush_timeout_s must be a number, got {text!r}") from None
-        return cls(kafka=kafka, flush_timeout_s=timeout)
+        check = (options.get("replay_check") or "true").strip().lower()
+        if check not in ("true", "false"):
+            raise ConfigError(f"option replay_check must be true or false, got {check!r}")
+        return cls(kafka=kafka, flush_timeout_s=timeout, replay_check=check == "true")
 
     @property
     def client_key(self) -> str:
@@ -74,9 +84,11 @@ class SinkOptions:
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """What one task delivered: records acknowledged per ``kind``."""
+    """What one task delivered: records acknowledged per ``kind``; ``already_written``:
+    records of a replayed batch found on their topics, so not written again."""
 
     counts: dict[str, int] = field(default_factory=dict)
+    already_written: int = 0
 
     @property
     def total(self) -> int:
@@ -140,18 +152,48 @@ def _rows(batches: Iterator[Any]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
+                     ) -> list[tuple[Any, ...]]:
+    """The rows a crashed run of this batch did not write (all, when no row has an id)."""
+    wanted: dict[str, set[str]] = {}
+    batch_ms: int | None = None
+    for row in rows:
+        rid, ms = (row[5], row[6]) if len(row) > 6 else (None, None)
+        if rid is not None and ms is not None:
+            wanted.setdefault(row[1], set()).add(rid)
+            batch_ms = ms if batch_ms is None else min(batch_ms, ms)
+    if batch_ms is None:
+        return rows
+    try:
+        found = written_ids(options.kafka, wanted, batch_ms)
+    except Exception as exc:
+        # Writing blind would duplicate: fail the batch, it is tried again on restart.
+        raise SendFailed(f"cannot tell what this replayed batch already wrote: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if not found:
+        return rows
+    kept = [row for row in rows if not (len(row) > 5 and row[5] in found)]
+    log.warning("replayed batch: %d of %d records were written before the restart; "
+                "not written again", len(rows) - len(kept), len(rows))
+    return kept
+
+
 def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
-    """Send ``(kind, topic, key, value, headers)`` rows; raise SendFailed unless all were acked."""
-    invalid = [(row[1], why) for row in rows if (why := _invalid(*row[1:]))]
+    """Send ``(kind, topic, key, value, headers[, record_id, batch_ms])`` rows; raise
+    SendFailed unless all were acked."""
+    invalid = [(row[1], why) for row in rows if (why := _invalid(*row[1:5]))]
     if invalid:
         # Refused before sending anything: a deterministic error must not half-write a batch.
         shown = "; ".join(why for _, why in invalid[:_MAX_ERRORS_SHOWN])
         raise SendFailed(f"{len(invalid)} of {len(rows)} records cannot be written: {shown}")
+    total = len(rows)
+    if options.replay_check and replay_suspected():
+        rows = _not_yet_written(options, rows)
     futures: list[tuple[str, Any]] = []
     counts: Counter[str] = Counter()
     try:
         producer = _producer(options)
-        for kind, topic, key, value, headers in rows:
+        for kind, topic, key, value, headers, *_ in rows:
             if key is None and value is None:
                 # kafka-python refuses such a record (Kafka does not): e.g. the dead letter of
                 # a keyless tombstone. An empty value is the nearest it can send.
@@ -176,7 +218,7 @@ def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
         raise SendFailed(
             f"{len(failed)} of {len(rows)} records were not acknowledged by the broker: {shown}"
         )
-    return SinkCommit(dict(counts))
+    return SinkCommit(dict(counts), total - len(rows))
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):
@@ -193,6 +235,10 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
         for message in messages:
             if isinstance(message, SinkCommit):
                 self.delivered.update(message.counts)
+        skipped = sum(m.already_written for m in messages if isinstance(m, SinkCommit))
+        if skipped:
+            log.warning("batch %d was a replay: %d records its first run had written were not "
+                        "written again", batchId, skipped)
         log.debug("batch %d delivered %s", batchId, dict(self.delivered))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

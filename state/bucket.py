@@ -9,6 +9,10 @@ call runs the timers that are due, so each transaction keeps its own timer seman
 The half message itself is kept in the state (not only its offset, as RocketMQ does): a commit
 then releases without a random read of the half topic, which with kafka-python costs a fetch
 round trip per message.
+
+A bucket also numbers the records it asks to write (:meth:`Bucket.take_numbers`). The numbers
+live in the state, so a micro-batch replayed after a crash numbers its records exactly as its
+first run did: the sink recognises what that run already wrote and does not write it twice.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from txstream.message import Decision, EndEvent, Message
 
 __all__ = ["Bucket", "bucket_of", "FORMAT_VERSION"]
 
-# 2: several held end events per transaction, and the message's queue position. Format 1 is
-# still read so that a checkpoint survives the upgrade.
-FORMAT_VERSION = 2
-_READABLE = (1, FORMAT_VERSION)
+# 2: several held end events per transaction, and the message's queue position.
+# 3: the record numbering (epoch, next number). Formats 1 and 2 are still read so that a
+# checkpoint survives the upgrade; their buckets start a new numbering epoch.
+FORMAT_VERSION = 3
+_READABLE = (1, 2, FORMAT_VERSION)
 
 
 def bucket_of(transaction_id: str, buckets: int) -> int:
@@ -39,10 +44,20 @@ def bucket_of(transaction_id: str, buckets: int) -> int:
 class Bucket:
     """The transactions of one bucket, with their timers."""
 
-    __slots__ = ("transactions",)
+    __slots__ = ("epoch", "next_number", "transactions")
 
-    def __init__(self, transactions: dict[str, Transaction] | None = None) -> None:
+    def __init__(
+        self,
+        transactions: dict[str, Transaction] | None = None,
+        epoch: int | None = None,
+        next_number: int = 0,
+    ) -> None:
         self.transactions: dict[str, Transaction] = transactions or {}
+        # ``epoch``: the batch time at which this numbering started (None: not yet). A bucket
+        # whose state was dropped when it emptied starts again at a later batch time, so
+        # (epoch, number) never repeats within a bucket.
+        self.epoch = epoch
+        self.next_number = next_number
 
     def __len__(self) -> int:
         return len(self.transactions)
@@ -53,12 +68,13 @@ class Bucket:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Bucket):
             return NotImplemented
-        return self.transactions == other.transactions
+        return (self.transactions, self.epoch, self.next_number) == (
+            other.transactions, other.epoch, other.next_number)
 
     __hash__ = None  # type: ignore[assignment]  # mutable: equal buckets may differ later
 
     def __repr__(self) -> str:
-        return f"Bucket({self.transactions!r})"
+        return f"Bucket({self.transactions!r}, epoch={self.epoch!r}, next={self.next_number})"
 
     def get(self, transaction_id: str) -> Transaction | None:
         return self.transactions.get(transaction_id)
@@ -86,6 +102,20 @@ class Bucket:
     def pending(self) -> Iterable[Transaction]:
         return (tx for tx in self.transactions.values() if not tx.status.resolved)
 
+    def take_numbers(self, count: int, now: int) -> tuple[int, int]:
+        """Reserve ``count`` record numbers; returns (epoch, first number).
+
+        Pure like the rest: the same state and ``now`` give the same numbers, which is what
+        makes a replayed batch's records recognisable.
+        """
+        if count < 0:
+            raise ValueError("count must not be negative")
+        if self.epoch is None:
+            self.epoch = now
+        first = self.next_number
+        self.next_number += count
+        return self.epoch, first
+
     def _store(self, txid: str, tx: Transaction | None) -> None:
         if tx is None:
             self.transactions.pop(txid, None)
@@ -96,17 +126,18 @@ class Bucket:
 
     def encode(self) -> bytes:
         rows = [_tx_to_tuple(tx) for tx in self.transactions.values()]
-        return pickle.dumps((FORMAT_VERSION, rows), protocol=5)
+        return pickle.dumps((FORMAT_VERSION, rows, self.epoch, self.next_number), protocol=5)
 
     @classmethod
     def decode(cls, blob: bytes | None) -> Bucket:
         if not blob:
             return cls()
-        version, rows = pickle.loads(blob)
+        version, rows, *numbering = pickle.loads(blob)
         if version not in _READABLE:
             raise ValueError(f"state format {version} is not one of {_READABLE}")
         txs = (_tx_from_tuple(row, version) for row in rows)
-        return cls({tx.transaction_id: tx for tx in txs})
+        epoch, next_number = numbering if version >= 3 else (None, 0)
+        return cls({tx.transaction_id: tx for tx in txs}, epoch, next_number)
 
 
 def _msg_to_tuple(m: Message | None) -> tuple[object, ...] | None:

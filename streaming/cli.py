@@ -13,7 +13,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from streaming import admin, broker_cmd, demo, pending, run, shell
+    from streaming import admin, bench_cmd, broker_cmd, demo, pending, run, shell
 
     parser = argparse.ArgumentParser(
         prog="txstream",
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     shell.add_parser(sub)
     pending.add_parser(sub)
     admin.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return parser
 
 

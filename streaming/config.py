@@ -58,6 +58,13 @@ class RunConfig:
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
     history: bool = True  # write every transition to the history topic (txstream history)
+    # Pending transactions whose next deadline is at least this far off wait as 40-byte records,
+    # their half message read back from the half topic when needed (state/parking.py): batch
+    # time then hardly grows with the number pending. 0: keep every transaction whole.
+    park_after_ms: int = 30_000
+    # Before the first batch after a restart, leave out the records a crashed run already wrote
+    # (sinks/replay.py): no release twice. Off only to measure what it saves.
+    replay_check: bool = True
     metrics_port: int | None = None
     query_name: str = "txstream-coordinator"
 
@@ -70,6 +77,8 @@ class RunConfig:
             raise ConfigError("state store must be 'default' or 'rocksdb'")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
+        if self.park_after_ms < 0:
+            raise ConfigError("park-after must not be negative")
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -106,6 +115,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--state-store", choices=("default", "rocksdb"), default=_env("state-store"))
     p.add_argument("--max-offsets-per-trigger", type=int,
                    default=_env("max-offsets-per-trigger"))
+    p.add_argument("--park-after", default=_env("park-after"),
+                   help="park pending transactions whose next deadline is this far off "
+                        "(default 30s; 0s: never)")
     p.add_argument("--topic-prefix", default=_env("topic-prefix") or "",
                    help="prefix for every system topic (several coordinators on one broker)")
     p.add_argument("--metrics-port", type=int, default=_env("metrics-port"),
@@ -113,6 +125,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-history", action="store_true",
                    default=(_env("no-history") or "").lower() in ("1", "true", "yes"),
                    help="do not write transitions to the history topic")
+    p.add_argument("--no-replay-check", action="store_true",
+                   default=(_env("no-replay-check") or "").lower() in ("1", "true", "yes"),
+                   help="after a crash, write a replayed batch again whole (duplicates); "
+                        "for measurements only")
     p.add_argument("--security-protocol", default=_env("security-protocol"))
     p.add_argument("--sasl-mechanism", default=_env("sasl-mechanism"))
     p.add_argument("--sasl-username", default=_env("sasl-username"))
@@ -156,10 +172,13 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
         "topics": Topics.with_prefix(args.topic_prefix),
         "trigger_ms": parse_duration_ms(args.trigger),
         "history": not args.no_history,
+        "replay_check": not getattr(args, "no_replay_check", False),
         "metrics_port": int(args.metrics_port) if args.metrics_port else None,
     }
     if args.checkpoint_dir:
         changes["checkpoint_dir"] = Path(args.checkpoint_dir)
+    if getattr(args, "park_after", None) is not None:
+        changes["park_after_ms"] = parse_duration_ms(args.park_after)
     for name in ("buckets", "shuffle_partitions", "state_store", "max_offsets_per_trigger"):
         value = getattr(args, name)
         if value is not None:

@@ -4,24 +4,28 @@ Per call (one bucket, one micro-batch): decode the bucket's state, turn each eve
 ``Message``/``EndEvent`` and apply it, run the timers that are due, encode the state back, arm
 the bucket's processing-time timeout at its earliest transaction deadline, and turn the core's
 effects into records to write. ``now`` is Spark's batch timestamp, which a replayed batch keeps,
-so a replay emits exactly what the first run emitted.
+so a replay emits exactly what the first run emitted, under the same record ids
+(:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pandas as pd
 
-from state.bucket import Bucket
 from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
 from state.policy import Policy
+from streaming.parking_lot import ParkingLot
+from txstream.kafka import KafkaSettings
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind
 from txstream.topics import Topics
 from txstream.wire import (
+    H,
     Record,
     encode_check,
     encode_dead_letter,
@@ -32,7 +36,7 @@ from txstream.wire import (
     encode_visible,
 )
 
-__all__ = ["coordinator_function", "event_from_row", "records_for"]
+__all__ = ["coordinator_function", "coordinator_tag", "event_from_row", "records_for", "record_id"]
 
 _OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
 # (kind, record, transaction id, event, lag_ms)
@@ -67,6 +71,10 @@ def event_from_row(row: Any) -> Message | EndEvent:
             producer_group=row.producer_group,
             born_timestamp=_opt_int(row.born_ms),
             check_immunity_time_s=_opt_int(row.immunity_s),
+            # Where the half message lies in the half topic: a parked transaction keeps only
+            # this (state.parking) and reads the message back when it is needed.
+            queue_id=_opt_int(row.src_partition),
+            queue_offset=_opt_int(row.src_offset),
         )
     return EndEvent(
         transaction_id=row.transaction_id,
@@ -138,17 +146,31 @@ def records_for(
             yield (Kind.HISTORY, record, effect.transaction_id, effect.event, None)
 
 
-def _frame(rows: list[_Row]) -> pd.DataFrame:
+def coordinator_tag(topics: Topics) -> str:
+    """Names this coordinator in record ids: two coordinators (topic prefixes) releasing to one
+    topic never take each other's records for their own."""
+    return f"{zlib.crc32(topics.half.encode('utf-8')):08x}"
+
+
+def record_id(tag: str, bucket: int, epoch: int, number: int) -> str:
+    """``tag.bucket.epoch.number``: unique per coordinator, equal in a replayed batch."""
+    return f"{tag}.{bucket}.{epoch}.{number}"
+
+
+def _frame(rows: list[_Row], ids: list[str], now: int) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "kind": [r[0] for r in rows],
             "topic": [r[1].topic for r in rows],
             "key": [r[1].key for r in rows],
             "value": [r[1].value for r in rows],
-            "headers": [list(r[1].headers) for r in rows],
+            "headers": [[*r[1].headers, (H.RECORD_ID, i.encode("ascii"))]
+                        for r, i in zip(rows, ids, strict=True)],
             "transaction_id": [r[2] for r in rows],
             "event": [r[3] for r in rows],
             "lag_ms": pd.array([r[4] for r in rows], dtype="Int64"),
+            "record_id": ids,
+            "batch_ms": pd.array([now] * len(rows), dtype="Int64"),
         },
         columns=_OUTPUT_NAMES,
     )
@@ -172,17 +194,26 @@ def _in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterator[Any]:
 
 
 def coordinator_function(
-    policy: Policy, topics: Topics
+    policy: Policy, topics: Topics, kafka: KafkaSettings | None = None, park_after: int = 0
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
-    """The function for ``groupBy("bucket").applyInPandasWithState``."""
+    """The function for ``groupBy("bucket").applyInPandasWithState``.
+
+    ``park_after`` ms (with ``kafka``, to read half messages back): pending transactions whose
+    next deadline is further away are parked (streaming.parking_lot); 0: never.
+    """
+    tag = coordinator_tag(topics)
+    lot = ParkingLot(kafka, topics.half, park_after)
 
     def coordinate(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        bucket = Bucket.decode(state.get[0]) if state.exists else Bucket()
         now = int(state.getCurrentProcessingTimeMs())
+        bucket, parked = lot.load(state.get[0] if state.exists else None)
+        ordered = list(_in_replay_order(frames))
+        lot.unpark(bucket, parked, (r.transaction_id for r in ordered
+                                    if r.kind != EventKind.MALFORMED), now)
         rows: list[_Row] = []
-        for row in _in_replay_order(frames):
+        for row in ordered:
             if row.kind == EventKind.MALFORMED:
                 rows.append(_malformed(row, topics))
                 continue
@@ -192,13 +223,17 @@ def coordinator_function(
             rows.extend(records_for(effects, now, topics, origin))
         # Events first: a commit in this batch spares the transaction a check due now.
         rows.extend(records_for(bucket.fire_due(now, policy), now, topics))
-        deadline = bucket.next_deadline()
+        # Numbered before the state is saved: the numbers taken are part of this batch's state.
+        epoch, first = bucket.take_numbers(len(rows), now)
+        ids = [record_id(tag, int(key[0]), epoch, first + i) for i in range(len(rows))]
+        blob, deadline = lot.store(bucket, parked, now)
         if deadline is None:
+            # An empty bucket keeps no state; its next numbering starts at a later batch time.
             state.remove()
         else:
-            state.update((bucket.encode(),))
+            state.update((blob,))
             state.setTimeoutDuration(max(1, deadline - now))
         if rows:
-            yield _frame(rows)
+            yield _frame(rows, ids, now)
 
     return coordinate

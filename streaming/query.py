@@ -81,7 +81,8 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
         events.withColumn("bucket", bucket.cast("int"))
         .groupBy("bucket")
         .applyInPandasWithState(
-            coordinator_function(config.policy, config.topics),
+            coordinator_function(config.policy, config.topics, config.kafka,
+                                 config.park_after_ms),
             OUTPUT_SCHEMA,
             STATE_SCHEMA,
             "append",
@@ -94,6 +95,7 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
     return (
         outputs.writeStream.format("txstream-records")
         .option("kafka", kafka)
+        .option("replay_check", str(config.replay_check).lower())
         .option("checkpointLocation", str(config.checkpoint_dir))
         .outputMode("append")
         .queryName(config.query_name)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from types import TracebackType
 
 from txstream.errors import BrokerUnavailable
@@ -38,11 +39,20 @@ class EmbeddedBroker:
     """
 
     def __init__(
-        self, port: int | None = None, storage: str = "memory://tansu/", log_path: str | None = None
+        self,
+        port: int | None = None,
+        storage: str = "memory://tansu/",
+        log_path: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """``storage``: ``memory://tansu/`` (lost when it stops) or ``s3://BUCKET/``, with the
+        S3 endpoint and credentials in ``env`` (``AWS_ENDPOINT``, ``AWS_ACCESS_KEY_ID``,
+        ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, ``AWS_ALLOW_HTTP``): data kept there
+        survives a restart of the broker."""
         self.port = port or free_port()
         self.storage = storage
         self.log_path = log_path
+        self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -51,7 +61,7 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "error"))
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "error"), **self.env}
         with contextlib.ExitStack() as files:
             # The child gets its own copy of the log descriptor: ours is closed once it started.
             log = (

@@ -81,6 +81,10 @@ OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("event", "string"),  # history: the transition (half, released, check_sent, ...); else kind
     # check: ms after its deadline it was asked; visible: ms from the commit's send to release
     ("lag_ms", "bigint"),
+    # The record's id (also its TXSTREAM_RECORD_ID header) and the micro-batch's time: both the
+    # same when a batch is replayed after a crash, so the sink skips what was already written.
+    ("record_id", "string"),
+    ("batch_ms", "bigint"),
 )
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 

@@ -61,6 +61,9 @@ class H:
     DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
     DLQ_ORIGIN_PARTITION = "DLQ_ORIGIN_PARTITION"
     DLQ_ORIGIN_OFFSET = "DLQ_ORIGIN_OFFSET"
+    # On every record the coordinator writes: stable across a replayed micro-batch, so the sink
+    # can tell what a crashed run already wrote (sinks.kafka_sink).
+    RECORD_ID = "TXSTREAM_RECORD_ID"
 
 
 RESERVED_HEADERS = frozenset(v for k, v in vars(H).items() if k.isupper())

@@ -1,0 +1,80 @@
+"""Every micro-batch of the benchmark's queries, as Spark reports it (no sampling)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+__all__ = ["Batch", "BatchLog", "percentile"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) by linear interpolation; None without values."""
+    import numpy as np
+
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q * 100))
+
+
+@dataclass(frozen=True)
+class Batch:
+    query: str
+    batch_id: int
+    input_rows: int
+    duration_ms: int  # triggerExecution: the whole micro-batch
+    add_batch_ms: int  # the query's work: read, operator, sink
+    released: int
+    checks: int
+    halves: int
+    state_rows: int
+    state_memory_bytes: int
+
+
+class BatchLog(StreamingQueryListener):
+    """Collects a :class:`Batch` per progress event of every query of the session."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches: list[Batch] = []
+
+    def of(self, query: str, since: int = 0) -> list[Batch]:
+        with self._lock:
+            return [b for b in self.batches[since:] if b.query == query]
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.batches)
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = event.progress
+        observed = (p.observedMetrics or {}).get("txstream")
+        row = observed.asDict() if observed is not None else {}
+        durations = p.durationMs or {}
+        ops = list(p.stateOperators or [])
+        batch = Batch(
+            query=str(p.name),
+            batch_id=int(p.batchId),
+            input_rows=int(p.numInputRows or 0),
+            duration_ms=int(durations.get("triggerExecution", 0)),
+            add_batch_ms=int(durations.get("addBatch", 0)),
+            released=int(row.get("released") or 0),
+            checks=int(row.get("checks_sent") or 0),
+            halves=int(row.get("halves") or 0),
+            state_rows=sum(int(o.numRowsTotal) for o in ops),
+            state_memory_bytes=sum(int(o.memoryUsedBytes) for o in ops),
+        )
+        with self._lock:
+            self.batches.append(batch)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass

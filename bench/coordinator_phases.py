@@ -1,0 +1,221 @@
+"""How fast and how late: sustained throughput, commit -> visible latency, back-check lateness.
+
+Throughput: N committed transactions are in the half and end topics before the query starts;
+the rate is taken from the visible records' timestamps (the sink's send time), from the end of
+the first micro-batch that released anything to the last visible record, so the cold start
+(Python workers, first planning) is not counted and the count matches the time span.
+
+Latency: a producer offers a fixed rate like the client library does (acks=all, idempotent),
+and a consumer on the real topic notes when each released message arrives. One transaction in
+``unknown_every`` answers UNKNOW instead of committing; its first back-check must come
+``transaction_timeout`` after it was born, and how much later it came is its lateness.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.batches import percentile
+from bench.harness import BenchFailed, Harness
+from bench.workload import TopicReader, Workload, high_watermarks, now_ms
+from txstream.kafka import KafkaSettings, make_producer
+from txstream.message import Decision
+from txstream.wire import H, decode_history
+
+__all__ = ["ThroughputResult", "LatencyResult", "measure_throughput", "measure_latency",
+           "summary"]
+
+
+def summary(values: list[float]) -> dict[str, float | int | None]:
+    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
+            "max": max(values) if values else None, "count": len(values)}
+
+
+@dataclass
+class ThroughputResult:
+    transactions: int
+    tx_per_s: float
+    measured_transactions: int
+    measured_seconds: float
+    batches: int
+    batch_ms_p50: float | None
+
+
+def _header(record: Any, name: str) -> str | None:
+    for key, value in record.headers:
+        if key == name:
+            return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def measure_throughput(harness: Harness, settings: KafkaSettings, workload: Workload,
+                       n: int, timeout_s: float) -> ThroughputResult:
+    """Start ``harness`` on a backlog of ``n`` committed transactions; time their release."""
+    stamps: list[int] = []
+    lock = threading.Lock()
+
+    def on_visible(rec: Any, at: float) -> None:
+        with lock:
+            stamps.append(int(rec.timestamp))
+
+    reader = TopicReader(settings, [workload.real_topic], on_visible).start()
+    try:
+        harness.start()
+        harness.wait(lambda: harness.total("released") >= n, timeout_s,
+                     f"{n} released transactions")
+        harness.wait(lambda: len(stamps) >= n, 60, f"{n} visible records")
+    finally:
+        reader.stop()
+    batches = [b for b in harness.batches if b.input_rows]
+    first = next(b for b in harness.batches if b.released)
+    ordered = sorted(stamps)
+    n0 = first.released
+    if n0 < len(ordered):
+        span_s = (ordered[-1] - ordered[n0 - 1]) / 1000
+        measured = len(ordered) - n0
+    else:  # all released by one batch (a small N): its duration is the only span there is
+        span_s, measured = first.duration_ms / 1000, len(ordered)
+    return ThroughputResult(
+        transactions=n,
+        tx_per_s=measured / span_s if span_s > 0 else 0.0,
+        measured_transactions=measured,
+        measured_seconds=span_s,
+        batches=len(batches),
+        batch_ms_p50=percentile([b.duration_ms for b in batches[1:]], 0.5),
+    )
+
+
+@dataclass
+class LatencyResult:
+    offered_tx_per_s: float
+    seconds: float
+    committed: int
+    visible: int
+    commit_to_visible_ms: dict[str, Any]
+    checks: int
+    check_lateness_ms: dict[str, Any]
+    coordinator_late_ms: dict[str, Any]
+    batch_ms_p50: float | None
+    missing: list[str] = field(default_factory=list)
+
+
+class _Offered:
+    """What the latency phase sent and what came back, keyed by transaction id."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.born: dict[str, int] = {}
+        self.acked: dict[str, float] = {}
+        self.visible: dict[str, float] = {}
+        self.checks: dict[str, int] = {}  # txid -> timestamp of its first check
+        self.unknown: set[str] = set()
+
+    def on_record(self, rec: Any, at: float) -> None:
+        txid = _header(rec, H.TRANSACTION_ID)
+        with self.lock:
+            if txid is not None:  # a visible record: only they carry the transaction id header
+                self.visible.setdefault(txid, at)
+            elif _header(rec, H.CHECK_TIMES) == "1" and rec.key is not None:
+                self.checks.setdefault(rec.key.decode(), int(rec.timestamp))
+
+
+def _offer(settings: KafkaSettings, workload: Workload, rate: float, seconds: float,
+           unknown_every: int, offered: _Offered) -> None:
+    producer = make_producer(settings)  # as the client library: acks=all, idempotent
+    total = max(1, int(rate * seconds))
+    started = time.perf_counter()
+    try:
+        for i in range(total):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            txid = workload.txid("lat", i)
+            born = now_ms()
+            half = workload.half(txid, born)
+            unknown = unknown_every > 0 and i % unknown_every == unknown_every - 1
+            end = workload.end(txid, Decision.UNKNOW if unknown else Decision.COMMIT_MESSAGE)
+            with offered.lock:
+                offered.born[txid] = born
+                if unknown:
+                    offered.unknown.add(txid)
+            producer.send(half.topic, key=half.key, value=half.value, headers=list(half.headers))
+            future = producer.send(end.topic, key=end.key, value=end.value,
+                                   headers=list(end.headers))
+            if not unknown:
+                def acked(_meta: Any, txid: str = txid) -> None:
+                    at = time.time() * 1000
+                    with offered.lock:
+                        offered.acked[txid] = at
+                future.add_callback(acked)
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+
+
+def _coordinator_lateness(settings: KafkaSettings, workload: Workload, start: dict[int, int],
+                          txids: set[str]) -> list[float]:
+    """``late_ms`` of the first ``check_sent`` note of each transaction, from the history."""
+    from bench.workload import read_all
+
+    out = []
+    for rec in read_all(settings, workload.topics.history, start=start):
+        if rec.key is None or rec.key.decode() not in txids:
+            continue
+        note = decode_history(rec.value)
+        if note.get("event") == "check_sent" and note.get("check") == 1:
+            out.append(float(note["late_ms"]))  # type: ignore[arg-type]
+    return out
+
+
+def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workload,
+                    rate: float, seconds: float, unknown_every: int) -> LatencyResult:
+    """Offer ``rate`` tx/s for ``seconds`` to the running coordinator of ``harness``."""
+    timeout_ms = harness.config.policy.transaction_timeout
+    offered = _Offered()
+    history_start = high_watermarks(settings, workload.topics.history)
+    check_topic = workload.topics.check(workload.group)
+    reader = TopicReader(settings, [workload.real_topic, check_topic], offered.on_record)
+    mark = harness.log.mark() if harness.log else 0
+    reader.start()
+    try:
+        _offer(settings, workload, rate, seconds, unknown_every, offered)
+        committed = set(offered.born) - offered.unknown
+
+        def done() -> bool:
+            with offered.lock:
+                return committed <= offered.visible.keys() and offered.unknown <= set(
+                    offered.checks)
+
+        # The last unknown transaction is checked transaction_timeout after it was born.
+        try:
+            harness.wait(done, timeout_ms / 1000 + 60, "released messages and first checks")
+        except BenchFailed:
+            if harness.coordinator.failure():
+                raise
+    finally:
+        reader.stop()
+    with offered.lock:
+        latencies = [offered.visible[t] - offered.acked[t] for t in committed
+                     if t in offered.visible and t in offered.acked]
+        lateness = [offered.checks[t] - (offered.born[t] + timeout_ms)
+                    for t in offered.unknown if t in offered.checks]
+        missing = sorted((committed - offered.visible.keys())
+                         | (offered.unknown - offered.checks.keys()))
+    coordinator_late = _coordinator_lateness(settings, workload, history_start, offered.unknown)
+    assert harness.log is not None
+    batches = [b for b in harness.log.of(harness.config.query_name, mark)]
+    return LatencyResult(
+        offered_tx_per_s=rate,
+        seconds=seconds,
+        committed=len(committed),
+        visible=len(committed) - len([t for t in missing if t in committed]),
+        commit_to_visible_ms=summary(latencies),
+        checks=len(lateness),
+        check_lateness_ms=summary(lateness),
+        coordinator_late_ms=summary(coordinator_late),
+        batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
+        missing=missing[:10],
+    )

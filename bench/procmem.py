@@ -1,0 +1,76 @@
+"""Memory of a process tree from /proc: the Spark JVM and every Python process under it."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["descendants", "tree_rss_mb", "tree_cpu_s", "spark_jvm_pid"]
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                # The command name may hold spaces and parentheses: fields start after the last ')'.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    kids = _children()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Summed RSS of ``pid`` and its descendants, in MiB (shared pages count once per process)."""
+    return sum(_rss_kb(p) for p in descendants(pid)) / 1024
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # utime, stime, cutime, cstime: the last two hold the time of reaped children.
+        return sum(int(x) for x in fields[11:15])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its descendants.
+
+    On a shared machine wall time mixes in other people's work; CPU time is this tree's own.
+    """
+    return sum(_cpu_ticks(p) for p in descendants(pid)) / os.sysconf("SC_CLK_TCK")
+
+
+def spark_jvm_pid() -> int | None:
+    """The pid of the JVM this Python driver launched (the Python workers run below it)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    return int(proc.pid) if proc is not None else None

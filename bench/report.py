@@ -1,0 +1,122 @@
+"""The benchmark's output: one JSON object, or a table for people, and the targets."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS"]
+
+# The issue's targets, as ratios so that they hold on any machine.
+TARGETS = {
+    "ratio_min": 0.5,
+    "commit_to_visible_p50_ms_max": 1500,
+    "commit_to_visible_p99_ms_max": 3000,
+    "check_lateness_p99_ms_max": 1500,
+    "pending_growth_max": 0.20,
+}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict[str, Any]:
+    import pyspark
+
+    mem_kb = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem_kb = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "memory_gb": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def _growth(points: list[dict[str, Any]], store: str) -> float | None:
+    """Busy batch time at the most pending over that at the least, minus one."""
+    ok = [p for p in points if p["state_store"] == store and p["busy_batch_ms_p50"]]
+    if len(ok) < 2:
+        return None
+    ok.sort(key=lambda p: p["pending"])
+    return ok[-1]["busy_batch_ms_p50"] / ok[0]["busy_batch_ms_p50"] - 1
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Each target with the measured value and whether it was met (None: not measured)."""
+    t = TARGETS
+    lat, late = result["commit_to_visible_ms"], result["check_lateness_ms"]
+    points = result["batch_ms_vs_pending"]
+
+    def check(value: float | None, ok: bool) -> dict[str, Any]:
+        return {"value": value, "met": None if value is None else ok}
+
+    out = {
+        "ratio >= 0.5": check(result["ratio"], (result["ratio"] or 0) >= t["ratio_min"]),
+        "commit_to_visible p50 <= 1.5 s": check(
+            lat["p50"], (lat["p50"] or 0) <= t["commit_to_visible_p50_ms_max"]),
+        "commit_to_visible p99 <= 3 s": check(
+            lat["p99"], (lat["p99"] or 0) <= t["commit_to_visible_p99_ms_max"]),
+        "check_lateness p99 <= 1.5 s": check(
+            late["p99"], (late["p99"] or 0) <= t["check_lateness_p99_ms_max"]),
+    }
+    for store in sorted({p["state_store"] for p in points}):
+        g = _growth(points, store)
+        out[f"batch time growth, most vs least pending ({store}) <= 20%"] = check(
+            g, g is not None and g <= t["pending_growth_max"])
+    return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def _num(value: float | None, fmt: str = ",.0f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lat, late, clate = r["commit_to_visible_ms"], r["check_lateness_ms"], r["coordinator_late_ms"]
+    pipes = ", ".join(f"{k} process(es) {v:,.0f}" for k, v in r["raw_pipe"].items())
+    tp = r["throughput"] or {}
+    lines = [
+        f"machine: {r['machine']['cores']} cores, {r['machine']['memory_gb']} GB, "
+        f"pyspark {r['machine']['pyspark']}; load average {r['load_average_start']} at start, "
+        f"{r['load_average_end']} at end",
+        "",
+        f"{'raw_pipe_tx_per_s':<26}{_num(r['raw_pipe_tx_per_s']):>12}   ({pipes or 'not run'})",
+        f"{'tx_per_s':<26}{_num(r['tx_per_s']):>12}   ({tp.get('measured_transactions', 0)}"
+        f" tx in {tp.get('measured_seconds', 0):.1f} s, {tp.get('batches', 0)} batches, "
+        f"p50 {_ms(tp.get('batch_ms_p50'))})",
+        f"{'ratio':<26}{_num(r['ratio'], '.2f'):>12}",
+        f"{'commit_to_visible_ms':<26}{'p50 ' + _ms(lat['p50']):>16}  p99 {_ms(lat['p99'])}"
+        f"  max {_ms(lat['max'])}  ({lat['count']} tx at {_num(r['offered_tx_per_s'])} tx/s)",
+        f"{'check_lateness_ms':<26}{'p50 ' + _ms(late['p50']):>16}  p99 {_ms(late['p99'])}"
+        f"  max {_ms(late['max'])}  ({late['count']} checks; coordinator's late_ms p50 "
+        f"{_ms(clate['p50'])}, p99 {_ms(clate['p99'])})",
+        "",
+        "batch_ms_vs_pending",
+        f"  {'pending':>9} {'store':<8} {'busy p50':>10} {'idle p50':>10} {'rows/batch':>10} "
+        f"{'c->v p50':>10} {'RSS':>9} {'state':>9} {'load':>8}",
+    ]
+    for p in r["batch_ms_vs_pending"]:
+        if p.get("error"):
+            lines.append(f"  {p['pending']:>9,} {p['state_store']:<8} failed: {p['error']}")
+            continue
+        lines.append(
+            f"  {p['pending']:>9,} {p['state_store']:<8} {_ms(p['busy_batch_ms_p50']):>10} "
+            f"{_ms(p['idle_batch_ms_p50']):>10} {_num(p['rows_per_busy_batch']):>10} "
+            f"{_ms(p['commit_to_visible_ms_p50']):>10} {p['rss_mb']:>6,.0f} MB "
+            f"{p['state_memory_mb']:>6,.0f} MB {p['load_seconds']:>6.0f} s")
+    lines += ["", "targets"]
+    for name, t in r["targets"].items():
+        mark = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        lines.append(f"  {name:<58} {_num(t['value'], ',.2f'):>10}  {mark}")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""The whole benchmark, phase after phase, on one broker: what ``txstream bench`` runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.coordinator_phases import measure_latency, measure_throughput
+from bench.harness import Harness
+from bench.pending_scale import PointResult, run_point, run_point_isolated
+from bench.raw_pipe import run_raw_pipe
+from bench.report import load_average, machine, targets
+from bench.workload import BulkProducer, Workload, create_topics, high_watermarks
+from streaming.config import RunConfig
+from txstream.broker import EmbeddedBroker
+from txstream.kafka import KafkaSettings, wait_for_broker
+from txstream.topics import Topics
+
+__all__ = ["BenchOptions", "run_bench", "PHASES"]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    transactions: int = 50_000
+    rate: float | None = None  # None: half the measured throughput
+    pending: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    stores: tuple[str, ...] = ("default", "rocksdb")
+    latency_seconds: float = 30.0
+    pending_rate: float = 200.0
+    pending_seconds: float = 20.0
+    unknown_every: int = 10
+    isolate: bool = True
+    driver_memory: str = "4g"
+    point_timeout_s: float = 3600.0
+    phases: tuple[str, ...] = ("pipe", "coordinator", "pending")
+
+
+def _names(tag: str) -> Workload:
+    prefix = f"{tag}{uuid.uuid4().hex[:8]}_"
+    return Workload(Topics.with_prefix(prefix), f"{prefix}group", f"{prefix}real")
+
+
+def _prepare(settings: KafkaSettings, workload: Workload, n: int, partitions: int) -> None:
+    create_topics(settings, [*workload.topics.system(), workload.real_topic,
+                             workload.topics.check(workload.group)], partitions)
+    producer = BulkProducer(settings)
+    try:
+        producer.send(workload.committed("tp", n))
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
+              say: Callable[[str], None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for processes in (1, min(2, partitions)):
+        if str(processes) in out:
+            continue
+        workload = _names("raw")
+        _prepare(settings, workload, n, partitions)
+        result = run_raw_pipe(settings, workload.topics,
+                              high_watermarks(settings, workload.topics.end), processes)
+        out[str(processes)] = result.tx_per_s
+        say(f"raw pipe, {processes} process(es): {result.tx_per_s:,.0f} tx/s")
+    return out
+
+
+PHASES = ("pipe", "coordinator", "pending")
+
+
+def _empty() -> dict[str, Any]:
+    """Every field, unmeasured: a skipped phase leaves its fields null, never missing."""
+    none = {"p50": None, "p99": None, "max": None, "count": 0}
+    return {"raw_pipe": {}, "raw_pipe_tx_per_s": None, "tx_per_s": None, "ratio": None,
+            "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
+            "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
+            "latency": None, "batch_ms_vs_pending": []}
+
+
+def run_bench(config: RunConfig, options: BenchOptions,
+              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+              ) -> dict[str, Any]:
+    """Run the phases against ``config.kafka`` (or an embedded broker) and return the figures.
+
+    ``config`` carries the coordinator's settings under test (trigger, buckets, partitions,
+    store, batch size, policy); topics and checkpoints are the benchmark's own.
+    """
+    result: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(),
+                              **_empty()}
+    with ExitStack() as stack:
+        if config.kafka.bootstrap_servers.startswith("embedded:"):
+            broker = stack.enter_context(EmbeddedBroker())
+            config = config.with_(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
+        wait_for_broker(config.kafka)
+        if "pipe" in options.phases:
+            say(f"raw pipe: {options.transactions} transactions, no Spark")
+            result["raw_pipe"] = _raw_pipe(config.kafka, options.transactions,
+                                           config.topic_partitions, say)
+            result["raw_pipe_tx_per_s"] = max(result["raw_pipe"].values())
+        if "coordinator" in options.phases:
+            _coordinator(config, options, result, stack, say)
+        if "pending" in options.phases and options.pending:
+            if options.isolate:
+                _stop_jvm()  # the points start JVMs of their own: this one would only take memory
+            result["batch_ms_vs_pending"] = [
+                dataclasses.asdict(p) for p in _pending_curve(config, options, say)
+            ]
+        result["load_average_end"] = load_average()
+    result["config"] = {
+        "transactions": options.transactions, "trigger_ms": config.trigger_ms,
+        "buckets": config.buckets, "shuffle_partitions": config.shuffle_partitions,
+        "state_store": config.state_store,
+        "max_offsets_per_trigger": config.max_offsets_per_trigger,
+        "topic_partitions": config.topic_partitions, "history": config.history,
+        "park_after_ms": config.park_after_ms,
+        "transaction_timeout_ms": config.policy.transaction_timeout,
+        "unknown_every": options.unknown_every, "pending_rate": options.pending_rate,
+        "phases": list(options.phases),
+    }
+    result["targets"] = targets(result)
+    return result
+
+
+def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+                 stack: ExitStack, say: Callable[[str], None]) -> None:
+    """Throughput over a backlog, then latency and check lateness at a fixed offered rate."""
+    n = options.transactions
+    workload = _names("co")
+    checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-cp-"))
+    stack.callback(shutil.rmtree, checkpoint, True)
+    cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
+                       query_name=f"bench-{uuid.uuid4().hex[:6]}")
+    say(f"coordinator: loading a backlog of {n} committed transactions")
+    _prepare(config.kafka, workload, n, cfg.topic_partitions)
+    harness = Harness(cfg, options.driver_memory)
+    stack.callback(harness.stop)
+    say("coordinator: starting; throughput over the backlog")
+    tp = measure_throughput(harness, config.kafka, workload, n, timeout_s=max(600, n / 20))
+    result["tx_per_s"] = tp.tx_per_s
+    if result["raw_pipe_tx_per_s"]:
+        result["ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
+    result["throughput"] = dataclasses.asdict(tp)
+    say(f"coordinator: {tp.tx_per_s:,.0f} tx/s (ratio {result['ratio'] or 0:.2f})")
+
+    rate = options.rate or max(1.0, round(tp.tx_per_s / 2))
+    say(f"latency: offering {rate:,.0f} tx/s for {options.latency_seconds:.0f} s")
+    lat = measure_latency(harness, config.kafka, workload, rate, options.latency_seconds,
+                          options.unknown_every)
+    harness.stop()
+    result["offered_tx_per_s"] = rate
+    result["commit_to_visible_ms"] = lat.commit_to_visible_ms
+    result["check_lateness_ms"] = lat.check_lateness_ms
+    result["coordinator_late_ms"] = lat.coordinator_late_ms
+    result["latency"] = dataclasses.asdict(lat)
+    say(f"latency: commit->visible p50 {lat.commit_to_visible_ms['p50']} ms, "
+        f"check lateness p99 {lat.check_lateness_ms['p99']} ms")
+
+
+def _stop_jvm() -> None:
+    from pyspark.sql import SparkSession
+
+    from streaming.demo import stop_spark
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        stop_spark(spark)
+
+
+def _pending_curve(config: RunConfig, options: BenchOptions,
+                   say: Callable[[str], None]) -> list[PointResult]:
+    points = []
+    for store in options.stores:
+        for pending in options.pending:
+            cfg = config.with_(state_store=store)
+            say(f"pending: {pending:,} held, {store} store"
+                + (" (own process)" if options.isolate else ""))
+            started = time.monotonic()
+            if options.isolate:
+                point = run_point_isolated(cfg, pending, options.pending_rate,
+                                           options.pending_seconds, options.driver_memory,
+                                           options.point_timeout_s)
+            else:
+                point = run_point(cfg, pending, options.pending_rate, options.pending_seconds,
+                                  options.driver_memory, options.point_timeout_s)
+            say(f"pending: {pending:,} {store}: busy batch p50 {point.busy_batch_ms_p50} ms, "
+                f"RSS {point.rss_mb:,.0f} MB ({time.monotonic() - started:.0f} s)"
+                + (f"; failed: {point.error}" if point.error else ""))
+            points.append(point)
+    return points

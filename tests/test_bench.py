@@ -1,0 +1,64 @@
+"""``txstream bench`` at a tiny size: it runs every phase and prints every field.
+
+Not its speed: the figures of a run this small (and on a shared test machine) mean nothing;
+BENCHMARKS.md holds the real ones. One subprocess, as a user runs it, with everything in one
+JVM (``--in-process``) to stay within a test's time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+FIELDS = ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "commit_to_visible_ms", "check_lateness_ms",
+          "batch_ms_vs_pending")
+POINT_FIELDS = ("pending", "state_store", "busy_batch_ms_p50", "idle_batch_ms_p50", "rss_mb",
+                "state_memory_mb", "cpu_ms_per_busy_batch", "load_seconds")
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
+    return subprocess.run([sys.executable, "-m", "streaming.cli", "bench", *args], env=env,
+                          capture_output=True, text=True, timeout=280)
+
+
+def test_bench_runs_every_phase_and_prints_every_field() -> None:
+    proc = _bench("--transactions", "300", "--rate", "40", "--latency-seconds", "4",
+                  "--unknown-every", "4", "--transaction-timeout", "2s",
+                  "--pending", "300", "--stores", "default,rocksdb", "--pending-rate", "20",
+                  "--pending-seconds", "3", "--in-process", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in FIELDS:
+        assert result[name] is not None, name
+    assert result["raw_pipe_tx_per_s"] > 0 and result["tx_per_s"] > 0 and result["ratio"] > 0
+    for name in ("commit_to_visible_ms", "check_lateness_ms"):
+        figures = result[name]
+        assert figures["count"] > 0 and figures["p50"] is not None and figures["p99"] is not None
+    points = result["batch_ms_vs_pending"]
+    assert {p["state_store"] for p in points} == {"default", "rocksdb"}
+    for point in points:
+        assert point["error"] is None, point["error"]
+        for name in POINT_FIELDS:
+            assert point[name] is not None, name
+        assert point["rss_mb"] > 0
+    assert set(result["targets"]) >= {"ratio >= 0.5", "check_lateness p99 <= 1.5 s"}
+    # Progress goes to stderr, so stdout is the JSON object alone.
+    assert "raw pipe" in proc.stderr
+
+
+def test_bench_prints_a_table_of_the_phases_it_ran() -> None:
+    proc = _bench("--phases", "pipe", "--transactions", "200")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for name in ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "commit_to_visible_ms",
+                 "check_lateness_ms", "batch_ms_vs_pending", "targets"):
+        assert name in out
+    assert "not measured" in out  # the coordinator phases were skipped, and it says so

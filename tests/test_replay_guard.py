@@ -1,0 +1,152 @@
+"""Issue 5, exactly-once release: record ids that a replayed batch repeats, and the sink's
+search for what a crashed run already wrote (``sinks.replay``)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.admin import NewTopic
+
+from state.bucket import FORMAT_VERSION, Bucket
+from state.policy import Policy
+from streaming.operator import coordinator_tag, record_id
+from txstream.kafka import KafkaSettings, make_admin, make_producer
+from txstream.message import Message
+from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+from txstream.topics import Topics
+from txstream.wire import H
+
+from kafka_helpers import read_topic
+
+T0 = 1_700_000_000_000
+
+
+def test_numbers_continue_across_the_state_and_repeat_from_the_same_state() -> None:
+    bucket = Bucket()
+    assert bucket.take_numbers(3, T0) == (T0, 0)
+    assert bucket.take_numbers(2, T0 + 500) == (T0, 3)  # the epoch stays, numbers go on
+    saved = bucket.encode()
+    first, replay = Bucket.decode(saved), Bucket.decode(saved)
+    assert first.take_numbers(4, T0 + 900) == replay.take_numbers(4, T0 + 900) == (T0, 5)
+    assert Bucket.decode(first.encode()) == first and first.next_number == 9
+
+
+def test_an_older_state_starts_a_numbering_at_the_batch_time() -> None:
+    half = Message("orders", b"b", transaction_id="p", msg_id="p", producer_group="G",
+                   born_timestamp=T0)
+    bucket = Bucket()
+    bucket.apply(half, T0, Policy())
+    version, rows, *_ = pickle.loads(bucket.encode())
+    assert version == FORMAT_VERSION == 3
+    old = Bucket.decode(pickle.dumps((2, rows)))
+    assert (old.epoch, old.next_number, len(old)) == (None, 0, 1)
+    assert old.take_numbers(1, T0 + 7) == (T0 + 7, 0)
+    with pytest.raises(ValueError):
+        Bucket().take_numbers(-1, T0)
+
+
+def test_record_ids_name_the_coordinator_bucket_epoch_and_number() -> None:
+    tag = coordinator_tag(Topics.with_prefix("a_"))
+    assert tag != coordinator_tag(Topics.with_prefix("b_")) and len(tag) == 8
+    assert record_id(tag, 5, T0, 12) == f"{tag}.5.{T0}.12"
+
+
+@pytest.mark.kafka
+def test_written_ids_finds_exactly_the_records_on_their_topics(
+    kafka: KafkaSettings, unique: str
+) -> None:
+    from sinks.replay import written_ids
+
+    topic, absent = f"{unique}-real", f"{unique}-never-written"
+    admin = make_admin(kafka)
+    try:
+        admin.create_topics([NewTopic(topic, 3, -1)])
+    finally:
+        admin.close()
+    tag, other = "0badc0de", "0ddba11e"
+    batch_ms = int(time.time() * 1000)
+    ids = [record_id(tag, b, batch_ms, n) for b in range(3) for n in range(4)]
+    producer = make_producer(kafka)
+    try:
+        old = batch_ms - 3_600_000  # an hour before: another batch of this coordinator
+        producer.send(topic, b"early", headers=[(H.RECORD_ID, f"{tag}.0.{old}.0".encode())],
+                      timestamp_ms=old, partition=0)
+        for i, rid in enumerate(ids[:8]):  # keyed and keyless, over every partition
+            producer.send(topic, key=None if i % 2 else rid.encode(), value=b"v",
+                          headers=[(H.RECORD_ID, rid.encode())])
+        # Another coordinator's record with one of our numbers must not count as ours.
+        producer.send(topic, b"x", headers=[(H.RECORD_ID, ids[9].replace(tag, other).encode())])
+        producer.send(topic, b"no id")
+        producer.flush()
+    finally:
+        producer.close()
+    wanted = {topic: set(ids), absent: {record_id(tag, 0, batch_ms, 99)}}
+    assert written_ids(kafka, wanted, batch_ms) == set(ids[:8])
+    assert written_ids(kafka, {absent: {ids[0]}}, batch_ms) == set()
+    assert written_ids(kafka, {}, batch_ms) == set()
+
+
+def test_a_task_outside_spark_is_always_checked() -> None:
+    from sinks.replay import replay_suspected
+
+    assert replay_suspected() is True
+
+
+def _write(spark: Any, kafka: KafkaSettings, rows: list[tuple[Any, ...]], base: Path,
+           replay_check: bool) -> None:
+    """Stream OUTPUT_SCHEMA ``rows`` through the sink in one micro-batch, checkpointed."""
+    from sources.kafka_source import register
+
+    register(spark)
+    source = base / "in"
+    if not source.exists():
+        spark.createDataFrame(rows, OUTPUT_SCHEMA).coalesce(1).write.parquet(str(source))
+    query = (spark.readStream.schema(OUTPUT_SCHEMA).parquet(str(source))
+             .writeStream.format("txstream-records")
+             .option("kafka", json.dumps(kafka.as_dict()))
+             .option("replay_check", str(replay_check).lower())
+             .option("checkpointLocation", str(base / "cp"))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(180)
+    finally:
+        query.stop()  # released before the next run may take the checkpoint
+    assert query.exception() is None
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("replay_check", [True, False])
+def test_a_batch_replayed_after_its_commit_was_lost_is_not_written_twice(
+    spark: Any, kafka: KafkaSettings, unique: str, checkpoint_dir: Path, replay_check: bool
+) -> None:
+    topic, history = f"{unique}-real", f"{unique}-history"
+    tag, batch_ms = "5eed5eed", int(time.time() * 1000)
+
+    def row(kind: str, to: str, number: int | None) -> tuple[Any, ...]:
+        rid = record_id(tag, number % 4, batch_ms, number) if number is not None else None
+        headers = [{"key": H.RECORD_ID, "value": rid.encode()}] if rid else []
+        given = {"kind": kind, "topic": to, "key": None if number and number % 2 else b"k",
+                 "value": f"v{number}".encode(), "headers": headers, "record_id": rid,
+                 "batch_ms": batch_ms if rid else None}
+        return tuple(given.get(name) for name, _ in OUTPUT_COLUMNS)
+
+    rows = [row("visible", topic, n) for n in range(20)] + [
+        row("history", history, n) for n in range(20, 25)] + [row("visible", topic, None)]
+    _write(spark, kafka, rows, checkpoint_dir, replay_check)
+    # The crash: the batch was written, its commit never recorded. The restart replays it.
+    commits = checkpoint_dir / "cp" / "commits"
+    assert (commits / "0").exists()
+    for name in ("0", ".0.crc"):  # the log entry and its checksum file
+        (commits / name).unlink(missing_ok=True)
+    _write(spark, kafka, rows, checkpoint_dir, replay_check)
+    assert (checkpoint_dir / "cp" / "commits" / "0").exists()
+
+    copies = 1 if replay_check else 2
+    got = sorted(r.value for r in read_topic(kafka, topic))
+    assert got == sorted([f"v{n}".encode() for n in range(20)] * copies + [b"vNone"] * 2)
+    assert len(read_topic(kafka, history)) == 5 * copies
