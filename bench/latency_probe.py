@@ -143,9 +143,9 @@ def _check_lateness(kafka: KafkaSettings, topics: Topics) -> list[float]:
     for _ in range(20):
         for records in consumer.poll(timeout_ms=200).values():
             for r in records:
-                note = decode_history(r.value)
-                if note.get("event") == "check_sent":
-                    late.append(float(str(note["late_ms"])))
+                for note in decode_history(r.value, r.key):
+                    if note.get("event") == "check_sent":
+                        late.append(float(str(note["late_ms"])))
     return late
 
 

@@ -35,10 +35,11 @@ from pyspark.sql.datasource import (
 )
 
 from sinks.replay import replay_suspected, written_ids
-from txstream.errors import ConfigError, SendFailed
+from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.schema import OUTPUT_SCHEMA
 from txstream.topics import validate_topic
+from txstream.wire import unpack_headers
 
 __all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter"]
 
@@ -127,20 +128,20 @@ def _drop_producer(options: SinkOptions) -> None:
             sender.force_close()
 
 
-def _headers(raw: list[dict[str, Any]] | None) -> list[tuple[str, bytes]]:
-    # kafka-python wants (str, bytes) tuples and writes a null value as empty anyway.
-    return [(h["key"], h["value"] if h["value"] is not None else b"") for h in raw or ()]
-
-
-def _invalid(topic: Any, key: Any, value: Any, headers: Any) -> str | None:
-    """Why a row can never be written (checked before sending anything), else None."""
-    try:
-        validate_topic(topic)
-    except ConfigError as exc:
-        return str(exc)
-    if any(h is None or not isinstance(h.get("key"), str) for h in headers or ()):
-        return f"record for topic {topic} has a header without a name"
-    return None
+def _prepared(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """The rows with their headers unpacked, and why any row can never be written: checked
+    before sending anything, so a deterministic error does not half-write a batch."""
+    ready: list[tuple[Any, ...]] = []
+    invalid: list[str] = []
+    for kind, topic, key, value, headers, *rest in rows:
+        try:
+            validate_topic(topic)
+            ready.append((kind, topic, key, value, unpack_headers(headers), *rest))
+        except ConfigError as exc:
+            invalid.append(str(exc))
+        except MalformedRecord as exc:
+            invalid.append(f"record for topic {topic}: {exc}")
+    return ready, invalid
 
 
 def _rows(batches: Iterator[Any]) -> list[tuple[Any, ...]]:
@@ -179,13 +180,13 @@ def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
 
 
 def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
-    """Send ``(kind, topic, key, value, headers[, record_id, batch_ms])`` rows; raise
+    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms])`` rows; raise
     SendFailed unless all were acked."""
-    invalid = [(row[1], why) for row in rows if (why := _invalid(*row[1:5]))]
+    rows, invalid = _prepared(rows)
     if invalid:
-        # Refused before sending anything: a deterministic error must not half-write a batch.
-        shown = "; ".join(why for _, why in invalid[:_MAX_ERRORS_SHOWN])
-        raise SendFailed(f"{len(invalid)} of {len(rows)} records cannot be written: {shown}")
+        shown = "; ".join(invalid[:_MAX_ERRORS_SHOWN])
+        raise SendFailed(f"{len(invalid)} of {len(rows) + len(invalid)} records cannot be "
+                         f"written: {shown}")
     total = len(rows)
     if options.replay_check and replay_suspected():
         rows = _not_yet_written(options, rows)
@@ -199,7 +200,7 @@ def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
                 # a keyless tombstone. An empty value is the nearest it can send.
                 value = b""
             futures.append((topic, producer.send(topic, key=key, value=value,
-                                                 headers=_headers(headers))))
+                                                 headers=headers)))
             counts[kind] += 1
         producer.flush(timeout=options.flush_timeout_s)
     except Exception as exc:

@@ -18,6 +18,7 @@ Options (strings, as Spark passes them):
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
 - ``fail_on_data_loss`` (true): fail when a partition ends below the checkpoint (the broker lost
   records); false reads such a partition again from offset 0.
+- ``read_tasks`` (2): Spark tasks per micro-batch; the topic-partitions are grouped into them.
 - ``check_crcs`` (true): kafka-python's record CRC check, pure Python unless ``crc32c`` is
   installed.
 
@@ -44,12 +45,14 @@ from pyspark.sql.streaming.datasource import (
 from sources.event_rows import arrow_schema, malformed_row, record_row, rows_to_batch
 from sources.kafka_io import (
     ROWS_PER_BATCH,
+    SliceGroup,
     SourceOptions,
     SourceReadError,
     TopicSlice,
     Unreadable,
     consumer_for,
     drop_consumer,
+    group_slices,
     high_watermarks,
     read_slice,
 )
@@ -62,6 +65,7 @@ __all__ = [
     "SourceOptions",
     "SourceReadError",
     "TopicSlice",
+    "SliceGroup",
     "KafkaEventSource",
     "KafkaEventReader",
     "spread_budget",
@@ -255,8 +259,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if stop > begin:
                     slices.append(TopicSlice(topic, int(p), begin, int(stop),
                                              topic == self.options.half_topic))
-        # Biggest first: with fewer task slots than slices, the long ones should not go last.
-        return sorted(slices, key=lambda s: s.start - s.end)
+        return group_slices(slices, self.options.read_tasks)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in Kafka."""
@@ -267,23 +270,25 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- worker side ---------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, TopicSlice)
+        parts = partition.slices if isinstance(partition, SliceGroup) else (partition,)
         schema = arrow_schema(self.schema)
         rows: list[tuple[Any, ...]] = []
-        for rec in read_slice(self.options, partition):
-            if isinstance(rec, Unreadable):
-                # Nothing of it could be read; an empty value keeps its dead letter sendable
-                # (kafka-python refuses a record with neither key nor value).
-                row = malformed_row(rec.error, None, b"", [], rec.topic, rec.partition,
-                                    rec.offset)
-            else:
-                row = record_row(partition.is_half, rec.key, rec.value, rec.headers,
-                                 rec.topic, rec.partition, rec.offset,
-                                 self.options.max_body_bytes)
-            rows.append(row)
-            if len(rows) >= ROWS_PER_BATCH:
-                yield rows_to_batch(rows, schema)
-                rows = []
+        for part in parts:
+            assert isinstance(part, TopicSlice)
+            for rec in read_slice(self.options, part):
+                if isinstance(rec, Unreadable):
+                    # Nothing of it could be read; an empty value keeps its dead letter
+                    # sendable (kafka-python refuses a record with neither key nor value).
+                    row = malformed_row(rec.error, None, b"", [], rec.topic, rec.partition,
+                                        rec.offset)
+                else:
+                    row = record_row(part.is_half, rec.key, rec.value, rec.headers,
+                                     rec.topic, rec.partition, rec.offset,
+                                     self.options.max_body_bytes)
+                rows.append(row)
+                if len(rows) >= ROWS_PER_BATCH:
+                    yield rows_to_batch(rows, schema)
+                    rows = []
         if rows:
             yield rows_to_batch(rows, schema)
 

@@ -100,16 +100,17 @@ class Trail:
     def add(self, records: list[Any], txid: str, topics: Topics) -> None:
         key = txid.encode("utf-8")
         for rec in records:
-            if rec.key != key:
-                continue
             if rec.topic == topics.history:
                 try:
-                    note = decode_history(rec.value)
+                    notes = decode_history(rec.value, rec.key)
                 except MalformedRecord:
                     continue
-                # A replayed micro-batch writes its notes again, identical (same batch time).
-                if note not in self.notes:
-                    self.notes.append(note)
+                for note in notes:
+                    # A replayed micro-batch writes its notes again, identical (same batch time).
+                    if note.get("transaction_id") == txid and note not in self.notes:
+                        self.notes.append(note)
+            elif rec.key != key:
+                continue
             elif rec.topic == topics.discard:
                 self.discards.append(rec)
             elif rec.topic == topics.dead_letter:

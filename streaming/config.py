@@ -52,7 +52,10 @@ class RunConfig:
     policy: Policy = field(default_factory=Policy)
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
     trigger_ms: int = 0  # 0: next batch as soon as the last ends (best latency, ~1 core idle)
-    buckets: int = 64  # state keys; see state/bucket.py for why not one key per transaction
+    # State keys; see state/bucket.py for why not one key per transaction. Each key costs a
+    # Python call and a pandas frame per micro-batch: 16 made batches ~15 % shorter than 64 on
+    # 2 cores (BENCHMARKS.md). Pinned in the checkpoint (streaming.query.pin_layout).
+    buckets: int = 16
     shuffle_partitions: int = 2
     state_store: str = "default"  # or "rocksdb"
     max_offsets_per_trigger: int | None = 20_000

@@ -84,13 +84,12 @@ class HistoryWatch:
 
     def poll(self) -> Outcomes:
         for rec in self._reader.read_new(timeout_s=5.0):
-            if rec.key is None:
-                continue
             try:
-                note = decode_history(rec.value)
+                notes = decode_history(rec.value, rec.key)
             except MalformedRecord:
                 continue
-            self.outcomes.add(rec.key.decode("utf-8", "replace"), note)
+            for note in notes:
+                self.outcomes.add(str(note.get("transaction_id")), note)
         return self.outcomes
 
     def close(self) -> None:

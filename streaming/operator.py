@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -34,13 +35,17 @@ from txstream.wire import (
     encode_half,
     encode_history,
     encode_visible,
+    pack_headers,
 )
 
-__all__ = ["coordinator_function", "coordinator_tag", "event_from_row", "records_for", "record_id"]
+__all__ = [
+    "coordinator_function", "coordinator_tag", "event_from_row", "history_row", "records_for",
+    "record_id",
+]
 
 _OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
-# (kind, record, transaction id, event, lag_ms)
-_Row = tuple[str, Record, str | None, str, int | None]
+# (kind, record, transaction id, event, lag_ms, counts of history events or None)
+_Row = tuple[str, Record, str | None, str, int | None, dict[str, int] | None]
 
 
 def _opt_int(value: Any) -> int | None:
@@ -106,7 +111,7 @@ def _malformed(row: Any, topics: Topics) -> _Row:
         original, str(row.error), _opt_int(row.src_partition) or 0,
         _opt_int(row.src_offset) or 0, topics,
     )
-    return (Kind.DEAD_LETTER, dead, None, Kind.DEAD_LETTER, None)
+    return (Kind.DEAD_LETTER, dead, None, Kind.DEAD_LETTER, None, None)
 
 
 def records_for(
@@ -115,20 +120,21 @@ def records_for(
     topics: Topics,
     origin: tuple[Any, int, int] | None = None,
 ) -> Iterator[_Row]:
-    """The records the core's effects ask for. ``origin``: (event, partition, offset) read."""
+    """The records the core's effects ask for, history notes aside (:func:`history_row`).
+    ``origin``: (event, partition, offset) read."""
     for effect in effects:
         if isinstance(effect, Release):
             msg = effect.message
             lag = now - effect.committed_at if effect.committed_at is not None else None
-            yield (Kind.VISIBLE, encode_visible(msg), msg.transaction_id, Kind.VISIBLE, lag)
+            yield (Kind.VISIBLE, encode_visible(msg), msg.transaction_id, Kind.VISIBLE, lag, None)
         elif isinstance(effect, RequestCheck):
             msg = effect.message
             record = encode_check(msg, effect.check_times, topics)
-            yield (Kind.CHECK, record, msg.transaction_id, Kind.CHECK, effect.late_ms)
+            yield (Kind.CHECK, record, msg.transaction_id, Kind.CHECK, effect.late_ms, None)
         elif isinstance(effect, Discard):
             msg = effect.message
             record = encode_discard(msg, effect.reason, effect.check_times, topics)
-            yield (Kind.DISCARD, record, msg.transaction_id, Kind.DISCARD, None)
+            yield (Kind.DISCARD, record, msg.transaction_id, Kind.DISCARD, None, None)
         elif isinstance(effect, DeadLetter):
             event = effect.event
             original = (
@@ -139,11 +145,15 @@ def records_for(
             if origin is not None and origin[0] is event:
                 partition, offset = origin[1], origin[2]
             record = encode_dead_letter(original, effect.reason, partition, offset, topics)
-            yield (Kind.DEAD_LETTER, record, event.transaction_id, Kind.DEAD_LETTER, None)
-        elif isinstance(effect, Note):
-            record = encode_history(effect.transaction_id, effect.at, effect.event,
-                                    effect.detail, topics)
-            yield (Kind.HISTORY, record, effect.transaction_id, effect.event, None)
+            yield (Kind.DEAD_LETTER, record, event.transaction_id, Kind.DEAD_LETTER, None, None)
+
+
+def history_row(notes: list[Note], bucket: int, topics: Topics) -> _Row:
+    """One history record for all of a bucket's notes in a batch, with the count of each
+    event (the query's observed metrics sum them)."""
+    record = encode_history(((n.transaction_id, n.at, n.event, n.detail) for n in notes),
+                            str(bucket).encode("ascii"), topics)
+    return (Kind.HISTORY, record, None, Kind.HISTORY, None, dict(Counter(n.event for n in notes)))
 
 
 def coordinator_tag(topics: Topics) -> str:
@@ -164,11 +174,12 @@ def _frame(rows: list[_Row], ids: list[str], now: int) -> pd.DataFrame:
             "topic": [r[1].topic for r in rows],
             "key": [r[1].key for r in rows],
             "value": [r[1].value for r in rows],
-            "headers": [[*r[1].headers, (H.RECORD_ID, i.encode("ascii"))]
+            "headers": [pack_headers((*r[1].headers, (H.RECORD_ID, i.encode("ascii"))))
                         for r, i in zip(rows, ids, strict=True)],
             "transaction_id": [r[2] for r in rows],
             "event": [r[3] for r in rows],
             "lag_ms": pd.array([r[4] for r in rows], dtype="Int64"),
+            "counts": [r[5] for r in rows],
             "record_id": ids,
             "batch_ms": pd.array([now] * len(rows), dtype="Int64"),
         },
@@ -213,6 +224,7 @@ def coordinator_function(
         lot.unpark(bucket, parked, (r.transaction_id for r in ordered
                                     if r.kind != EventKind.MALFORMED), now)
         rows: list[_Row] = []
+        notes: list[Note] = []
         for row in ordered:
             if row.kind == EventKind.MALFORMED:
                 rows.append(_malformed(row, topics))
@@ -221,8 +233,13 @@ def coordinator_function(
             effects = bucket.apply(event, now, policy)
             origin = (event, int(row.src_partition), int(row.src_offset))
             rows.extend(records_for(effects, now, topics, origin))
+            notes.extend(e for e in effects if isinstance(e, Note))
         # Events first: a commit in this batch spares the transaction a check due now.
-        rows.extend(records_for(bucket.fire_due(now, policy), now, topics))
+        fired = bucket.fire_due(now, policy)
+        rows.extend(records_for(fired, now, topics))
+        notes.extend(e for e in fired if isinstance(e, Note))
+        if notes:
+            rows.append(history_row(notes, int(key[0]), topics))
         # Numbered before the state is saved: the numbers taken are part of this batch's state.
         epoch, first = bucket.take_numbers(len(rows), now)
         ids = [record_id(tag, int(key[0]), epoch, first + i) for i in range(len(rows))]

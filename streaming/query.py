@@ -18,9 +18,10 @@ from typing import Any
 
 from streaming.config import RunConfig
 from streaming.operator import coordinator_function
+from txstream.errors import ConfigError
 from txstream.schema import OUTPUT_SCHEMA, STATE_SCHEMA, EventKind, Kind
 
-__all__ = ["build_stream", "start_coordinator", "OBSERVATION"]
+__all__ = ["build_stream", "start_coordinator", "pin_layout", "LAYOUT_FILE", "OBSERVATION"]
 
 OBSERVATION = "txstream"
 
@@ -32,18 +33,21 @@ def _observed_metrics() -> list[Any]:
     def count(condition: Any, name: str) -> Any:
         return F.count(F.when(condition, 1)).alias(name)
 
-    kind, event = F.col("kind"), F.col("event")
-    history = kind == Kind.HISTORY
+    kind = F.col("kind")
+
+    def history(event: str, name: str) -> Any:
+        return F.coalesce(F.sum(F.col("counts").getItem(event)), F.lit(0)).alias(name)
+
     return [
         count(kind == Kind.VISIBLE, "released"),
         count(kind == Kind.CHECK, "checks_sent"),
         count(kind == Kind.DISCARD, "discarded"),
         count(kind == Kind.DEAD_LETTER, "dead_letters"),
-        count(history & (event == "half"), "halves"),
-        count(history & (event == "rolled_back"), "rolled_back"),
-        count(history & (event == "rejected"), "rejected"),
-        count(history & (event == "duplicate"), "duplicates"),
-        count(history & (event == "expired"), "expired"),
+        history("half", "halves"),
+        history("rolled_back", "rolled_back"),
+        history("rejected", "rejected"),
+        history("duplicate", "duplicates"),
+        history("expired", "expired"),
         F.max(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_max_ms"),
         F.sum(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_sum_ms"),
         F.max(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_max_ms"),
@@ -67,6 +71,7 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
         .option("half_topic", config.topics.half)
         .option("end_topic", config.topics.end)
         .option("topic_partitions", str(config.topic_partitions))
+        .option("read_tasks", str(spark.sparkContext.defaultParallelism))
     )
     if config.max_offsets_per_trigger:
         reader = reader.option("max_offsets_per_trigger", str(config.max_offsets_per_trigger))
@@ -103,7 +108,32 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
     )
 
 
+LAYOUT_FILE = "txstream.json"
+
+
+def pin_layout(config: RunConfig) -> None:
+    """Record the bucket count in the checkpoint, and refuse to run against a different one.
+
+    A transaction's state lives in bucket ``crc32(id) % buckets``: with another count its end
+    event would reach a bucket that never saw its half message. Spark cannot tell (the state's
+    key is just an int), so txstream does.
+    """
+    config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    path = config.checkpoint_dir / LAYOUT_FILE
+    if path.exists():
+        try:
+            pinned = json.loads(path.read_text())["buckets"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path} is damaged ({exc}); it records the bucket count") from None
+        if pinned != config.buckets:
+            raise ConfigError(
+                f"checkpoint {config.checkpoint_dir} was written with --buckets {pinned}, not "
+                f"{config.buckets}: run with --buckets {pinned}, or start a new checkpoint")
+        return
+    path.write_text(json.dumps({"buckets": config.buckets}) + "\n")
+
+
 def start_coordinator(spark: Any, config: RunConfig) -> Any:
     """Start the coordinator query on ``spark``; returns the StreamingQuery."""
-    config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    pin_layout(config)
     return build_stream(spark, config).start()

@@ -118,9 +118,10 @@ def end_record(
 def history_of(settings: KafkaSettings, topics: Topics, txid: str) -> list[dict[str, Any]]:
     """The history notes the coordinator wrote for one transaction, oldest first."""
     return [
-        decode_history(r.value)
+        note
         for r in read_topic(settings, topics.history)
-        if r.key == txid.encode()
+        for note in decode_history(r.value, r.key)
+        if note["transaction_id"] == txid
     ]
 
 

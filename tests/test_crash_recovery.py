@@ -181,9 +181,10 @@ def _visible(kafka: KafkaSettings, topic: str) -> list[str]:
 
 def _resolved(kafka: KafkaSettings, topics: Topics) -> set[str]:
     return {
-        r.key.decode()
+        str(note["transaction_id"])
         for r in read_topic(kafka, topics.history, timeout_s=10)
-        if decode_history(r.value)["event"] in ("released", "rolled_back")
+        for note in decode_history(r.value, r.key)
+        if note["event"] in ("released", "rolled_back")
     }
 
 

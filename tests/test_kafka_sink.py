@@ -15,6 +15,7 @@ from txstream.broker import EmbeddedBroker
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+from txstream.wire import pack_headers
 
 from kafka_helpers import read_topic
 
@@ -38,7 +39,7 @@ def _row(kind: str, topic: str, key: bytes | None, value: bytes | None,
          headers: list[tuple[str, bytes]]) -> tuple[Any, ...]:
     """An OUTPUT_SCHEMA row; the columns the sink does not read stay null."""
     given = {"kind": kind, "topic": topic, "key": key, "value": value,
-             "headers": [{"key": k, "value": v} for k, v in headers]}
+             "headers": pack_headers(headers)}
     return tuple(given.get(name) for name, _ in OUTPUT_COLUMNS)
 
 
@@ -84,14 +85,15 @@ def test_invalid_rows_are_refused_before_anything_is_sent(kafka, unique) -> None
     options = SinkOptions(kafka=kafka)
     rows = [("visible", topic, b"k", b"v", None),
             ("visible", "bad topic!", b"k", b"v", None),
-            ("dead_letter", topic, b"k", b"v", [{"key": None, "value": b"x"}])]
-    with pytest.raises(SendFailed, match=r"2 of 3 records cannot be written.*bad topic!"):
+            ("dead_letter", topic, b"k", b"v", b"\x00\x05")]  # headers cut short
+    with pytest.raises(SendFailed, match=r"2 of 3 records cannot be written.*bad topic!.*"
+                                         r"end inside a header's lengths"):
         send_rows(options, rows)
     assert read_topic(kafka, topic) == []  # nothing half-written
 
     result = send_rows(options, [("visible", topic, b"k", b"v", None),
-                                 ("history", topic, b"k", b"h", [{"key": "a", "value": None}]),
-                                 ("dead_letter", topic, None, None, [])])
+                                 ("history", topic, b"k", b"h", pack_headers([("a", None)])),
+                                 ("dead_letter", topic, None, None, b"")])
     assert isinstance(result, SinkCommit)
     assert result.counts == {"visible": 1, "history": 1, "dead_letter": 1}
     # kafka-python writes a null header value as empty, and cannot send neither key nor value.
@@ -105,10 +107,10 @@ def test_unacknowledged_records_raise_send_failed() -> None:
     try:
         options = SinkOptions(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
                               flush_timeout_s=1.0)
-        assert send_rows(options, [("visible", "t", b"k", b"v", [])]).counts == {"visible": 1}
+        assert send_rows(options, [("visible", "t", b"k", b"v", b"")]).counts == {"visible": 1}
     finally:
         broker.stop()
     # The cached producer still knows the topic's leader, so send() accepts the record and
     # only the missing acknowledgement can tell: the flush runs out of time.
     with pytest.raises(SendFailed, match="KafkaTimeoutError"):
-        send_rows(options, [("visible", "t", b"k", b"v", [])])
+        send_rows(options, [("visible", "t", b"k", b"v", b"")])

@@ -22,9 +22,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from sources.kafka_io import group_slices
 from sources.kafka_source import (
     KafkaEventReader,
     KafkaEventSource,
+    SliceGroup,
     SourceOptions,
     SourceReadError,
     TopicSlice,
@@ -207,7 +209,7 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     assert reader.latestOffset(old_checkpoint, ReadAllAvailable())[topics.half] == {
         "0": 12, "1": 3}
     slices = reader.partitions(old_checkpoint, latest)
-    assert slices == [TopicSlice(topics.half, 1, 0, 3, True)]
+    assert slices == [SliceGroup((TopicSlice(topics.half, 1, 0, 3, True),))]
     assert sum(b.num_rows for b in _read(kafka, topics, slices[0])) == 3
 
     # The broker has fewer records than the checkpoint read (a memory broker restarted).
@@ -223,7 +225,8 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     assert reader.latestOffset(latest, ReadAllAvailable()) == latest
 
 
-def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice, **extra: Any) -> list[Any]:
+def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice | SliceGroup,
+          **extra: Any) -> list[Any]:
     """What a Spark task gets from ``read``: Arrow batches."""
     source = KafkaEventSource(_options(kafka, topics, **extra))
     return list(source.streamReader(_event_struct()).read(part))
@@ -310,3 +313,13 @@ def test_spread_budget_is_fair_and_never_exceeds() -> None:
         take = spread_budget(avail, budget)
         assert sum(take) == min(budget, sum(avail))
         assert all(0 <= t <= a for t, a in zip(take, avail))
+
+
+def test_slices_are_grouped_into_as_many_tasks_as_asked_by_size() -> None:
+    s = [TopicSlice("h", 0, 0, 100, True), TopicSlice("h", 1, 0, 10, True),
+         TopicSlice("e", 0, 5, 95, False), TopicSlice("e", 1, 0, 20, False)]
+    groups = group_slices(s, 2)
+    assert [sum(p.end - p.start for p in g.slices) for g in groups] == [110, 110]
+    assert [g.slices for g in groups] == [(s[0], s[1]), (s[2], s[3])]
+    assert group_slices(s[:1], 2) == [SliceGroup((s[0],))]
+    assert len(group_slices(s, 8)) == 4 and group_slices([], 2) == []

@@ -19,7 +19,7 @@ from txstream.kafka import KafkaSettings, make_admin, make_producer
 from txstream.message import Message
 from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
 from txstream.topics import Topics
-from txstream.wire import H
+from txstream.wire import H, pack_headers
 
 from kafka_helpers import read_topic
 
@@ -129,7 +129,7 @@ def test_a_batch_replayed_after_its_commit_was_lost_is_not_written_twice(
 
     def row(kind: str, to: str, number: int | None) -> tuple[Any, ...]:
         rid = record_id(tag, number % 4, batch_ms, number) if number is not None else None
-        headers = [{"key": H.RECORD_ID, "value": rid.encode()}] if rid else []
+        headers = pack_headers([(H.RECORD_ID, rid.encode())] if rid else [])
         given = {"kind": kind, "topic": to, "key": None if number and number % 2 else b"k",
                  "value": f"v{number}".encode(), "headers": headers, "record_id": rid,
                  "batch_ms": batch_ms if rid else None}

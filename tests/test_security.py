@@ -74,7 +74,7 @@ def _source(kafka: KafkaSettings) -> None:
 
 def _sink(kafka: KafkaSettings) -> None:
     send_rows(SinkOptions.parse({"kafka": _run_json(kafka)}),
-              [("visible", "sasl-probe", b"k", b"v", [])])
+              [("visible", "sasl-probe", b"k", b"v", b"")])
 
 
 def _push_consumer(kafka: KafkaSettings) -> None:

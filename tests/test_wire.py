@@ -29,6 +29,8 @@ from txstream.wire import (
     encode_history,
     encode_visible,
     header_dict,
+    pack_headers,
+    unpack_headers,
 )
 
 TOPICS = Topics.with_prefix("t_")
@@ -197,12 +199,23 @@ def test_dead_letter_keeps_the_original_record(original: Record) -> None:
 
 @FAST
 @given(txids, longs, st.sampled_from(["half", "released", "check_sent"]),
-       st.dictionaries(st.text(max_size=10).filter(lambda k: k not in ("at", "event")),
+       st.dictionaries(st.text(max_size=10).filter(
+                           lambda k: k not in ("at", "event", "transaction_id")),
                        st.none() | st.booleans() | st.integers() | words, max_size=4))
 def test_history_round_trip(txid: str, at: int, event: str, detail: dict[str, object]) -> None:
-    rec = encode_history(txid, at, event, detail, TOPICS)
-    assert rec.topic == TOPICS.history and rec.key == txid.encode()
-    assert decode_history(rec.value) == {"at": at, "event": event, **detail}
+    lines = [(txid, at, event, detail), (txid + "2", at + 1, "released", {})]
+    rec = encode_history(lines, b"7", TOPICS)
+    assert rec.topic == TOPICS.history and rec.key == b"7"
+    assert decode_history(rec.value, rec.key) == [
+        {"transaction_id": txid, "at": at, "event": event, **detail},
+        {"transaction_id": txid + "2", "at": at + 1, "event": "released"},
+    ]
+
+
+def test_history_of_the_first_format_still_reads() -> None:
+    # Before history was batched: one JSON object per record, keyed by the transaction id.
+    assert decode_history(b'{"at":5,"event":"half"}', b"tx-1") == [
+        {"transaction_id": "tx-1", "at": 5, "event": "half"}]
 
 
 def test_reserved_names_in_user_properties_cannot_override_system_headers() -> None:
@@ -334,7 +347,7 @@ def test_malformed_header_items(headers: list[object], text: str) -> None:
     assert text in _reason(header_dict, headers)
 
 
-@pytest.mark.parametrize("value", [b"not json", b"[1, 2]", b"", None, b"\xff"])
+@pytest.mark.parametrize("value", [b"not json", b"[1, 2]", b"", None, b"\xff", b"3"])
 def test_bad_history(value: bytes | None) -> None:
     assert "history record" in _reason(decode_history, value)
 
@@ -396,3 +409,19 @@ def test_tampered_half_records_decode_or_raise_malformed(
         assert e.reason
     else:
         assert back.transaction_id == m.transaction_id and back.body == m.body
+
+
+@FAST
+@given(st.lists(st.tuples(st.text(max_size=20), st.none() | st.binary(max_size=300)),
+                max_size=12))
+def test_packed_headers_round_trip(headers: list[tuple[str, bytes | None]]) -> None:
+    assert unpack_headers(pack_headers(headers)) == [(k, v or b"") for k, v in headers]
+
+
+@FAST
+@given(st.binary(max_size=64))
+def test_unpacking_any_bytes_gives_headers_or_malformed_record(blob: bytes) -> None:
+    try:
+        unpack_headers(blob)
+    except MalformedRecord:
+        pass

@@ -76,11 +76,13 @@ OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("topic", "string"),
     ("key", "binary"),
     ("value", "binary"),
-    ("headers", "array<struct<key:string,value:binary>>"),
+    ("headers", "binary"),  # txstream.wire.pack_headers
     ("transaction_id", "string"),
-    ("event", "string"),  # history: the transition (half, released, check_sent, ...); else kind
+    ("event", "string"),  # the kind
     # check: ms after its deadline it was asked; visible: ms from the commit's send to release
     ("lag_ms", "bigint"),
+    # history: how many of each event its lines hold (the query's counters sum them); else null
+    ("counts", "map<string,int>"),
     # The record's id (also its TXSTREAM_RECORD_ID header) and the micro-batch's time: both the
     # same when a batch is replayed after a crash, so the sink skips what was already written.
     ("record_id", "string"),

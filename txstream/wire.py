@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -34,6 +35,8 @@ __all__ = [
     "decode_history",
     "header_dict",
     "headers_tuple",
+    "pack_headers",
+    "unpack_headers",
 ]
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -369,24 +372,87 @@ def encode_dead_letter(
 
 
 def encode_history(
-    transaction_id: str, at_ms: int, event: str, detail: Mapping[str, object], topics: Topics
+    notes: Iterable[tuple[str, int, str, Mapping[str, object]]], key: bytes | None,
+    topics: Topics,
 ) -> Record:
-    """One line of a transaction's history (``txstream history TXID`` reads these)."""
-    body = json.dumps({"at": at_ms, "event": event, **detail}, separators=(",", ":"))
-    return Record(topics.history, _b(transaction_id), _b(body), ())
+    """The history lines ``(transaction id, at ms, event, detail)`` of one bucket's micro-batch,
+    as one record (``txstream history TXID`` reads these).
+
+    One record per bucket and batch, not one per transition: per transition, history was two of
+    every three records the coordinator wrote. ``key`` (the bucket) keeps a bucket's lines in one
+    partition, in order.
+    """
+    lines = [{"transaction_id": txid, "at": at, "event": event, **detail}
+             for txid, at, event, detail in notes]
+    return Record(topics.history, key, _b(json.dumps(lines, separators=(",", ":"))), ())
 
 
-def decode_history(value: bytes | None) -> dict[str, object]:
+def decode_history(value: bytes | None, key: bytes | None = None) -> list[dict[str, object]]:
+    """The lines of a history record, each with its ``transaction_id``.
+
+    A single JSON object is a line of the first format (one record per transition, keyed by
+    the transaction id), still read so that older history stays readable.
+    """
     if value is not None and not isinstance(value, _BYTES):
         raise MalformedRecord("history record is not bytes")
     try:
         out = json.loads(bytes(value or b""))
     except ValueError:
         raise MalformedRecord("history record is not JSON") from None
-    if not isinstance(out, dict):
-        raise MalformedRecord("history record is not a JSON object")
+    if isinstance(out, dict):
+        txid = bytes(key).decode("utf-8", "replace") if key is not None else None
+        return [{"transaction_id": txid, **out}]
+    if not isinstance(out, list) or not all(isinstance(line, dict) for line in out):
+        raise MalformedRecord("history record is not a JSON list of objects")
     return out
 
 
 def headers_tuple(pairs: Sequence[tuple[str, bytes | None]] | None) -> Headers:
     return tuple((k, v if v is not None else b"") for k, v in (pairs or ()))
+
+
+# (name length, value length) before each header's name and value in pack_headers.
+_PACKED = struct.Struct(">HI")
+
+
+def pack_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
+    """Headers as one byte string, the way the coordinator's output rows carry them.
+
+    A list of (name, value) structs costs Spark's pandas-to-Arrow conversion a Python call per
+    header of every record; one binary column costs it nothing. ``None`` values become empty,
+    as Kafka clients write them anyway.
+    """
+    out = bytearray()
+    for name, value in headers:
+        raw = name.encode("utf-8")
+        value = value or b""
+        out += _PACKED.pack(len(raw), len(value))
+        out += raw
+        out += value
+    return bytes(out)
+
+
+def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
+    """The headers :func:`pack_headers` packed; raises MalformedRecord on anything else."""
+    if blob is None:
+        return []
+    if not isinstance(blob, _BYTES):
+        raise MalformedRecord(f"packed headers are {type(blob).__name__}, not bytes")
+    view = memoryview(blob)
+    out: list[tuple[str, bytes]] = []
+    at, end = 0, len(view)
+    while at < end:
+        if end - at < _PACKED.size:
+            raise MalformedRecord("packed headers end inside a header's lengths")
+        name_len, value_len = _PACKED.unpack_from(view, at)
+        at += _PACKED.size
+        if end - at < name_len + value_len:
+            raise MalformedRecord("packed headers end inside a header")
+        try:
+            name = str(view[at:at + name_len], "utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord("a packed header's name is not UTF-8") from None
+        at += name_len
+        out.append((name, bytes(view[at:at + value_len])))
+        at += value_len
+    return out
