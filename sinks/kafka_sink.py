@@ -61,13 +61,7 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        raw = options.get("kafka")
-        if not raw:
-            raise ConfigError("option kafka (JSON of KafkaSettings.as_dict()) is required")
-        try:
-            kafka = KafkaSettings(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"option kafka is not KafkaSettings JSON: {exc}") from None
+        kafka = KafkaSettings.from_option(options.get("kafka"))
         text = options.get("flush_timeout_s")
         try:
             timeout = float(text) if text else 120.0

@@ -82,13 +82,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        raw = options.get("kafka")
-        if not raw:
-            raise ConfigError("option kafka (JSON of KafkaSettings.as_dict()) is required")
-        try:
-            kafka = KafkaSettings(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"option kafka is not KafkaSettings JSON: {exc}") from None
+        kafka = KafkaSettings.from_option(options.get("kafka"))
         half = validate_topic(options.get("half_topic") or HALF_TOPIC)
         end = validate_topic(options.get("end_topic") or END_TOPIC)
         if half == end:

@@ -6,6 +6,7 @@ them (the client library, the Spark source and sinks, the admin tools) the same 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -48,6 +49,16 @@ class KafkaSettings:
             raise ConfigError(f"security protocol must be one of {', '.join(_SECURITY)}")
         if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
             raise ConfigError("a SASL security protocol needs --sasl-mechanism")
+
+    @classmethod
+    def from_option(cls, raw: str | None) -> KafkaSettings:
+        """The ``kafka`` option of the Spark source and sink: JSON of :meth:`as_dict`."""
+        if not raw:
+            raise ConfigError("option kafka (JSON of KafkaSettings.as_dict()) is required")
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"option kafka is not KafkaSettings JSON: {exc}") from None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KafkaSettings:
