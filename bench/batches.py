@@ -6,9 +6,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from streaming.progress import JsonProgressListener
 
-__all__ = ["Batch", "BatchLog", "percentile"]
+__all__ = ["Batch", "BatchLog", "percentile", "parts_p50"]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -18,6 +18,12 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     return float(np.percentile(np.asarray(values, dtype=float), q * 100))
+
+
+def parts_p50(batches: list[Batch]) -> dict[str, float | None]:
+    """The median of each part of Spark's ``durationMs`` over ``batches``."""
+    names = sorted({name for b in batches for name in b.parts_ms})
+    return {name: percentile([b.parts_ms.get(name, 0) for b in batches], 0.5) for name in names}
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,10 @@ class Batch:
     halves: int
     state_rows: int
     state_memory_bytes: int
+    parts_ms: dict[str, int]  # Spark's durationMs: latestOffset, queryPlanning, addBatch, ...
 
 
-class BatchLog(StreamingQueryListener):
+class BatchLog(JsonProgressListener):
     """Collects a :class:`Batch` per progress event of every query of the session."""
 
     def __init__(self) -> None:
@@ -69,6 +76,7 @@ class BatchLog(StreamingQueryListener):
             halves=int(row.get("halves") or 0),
             state_rows=sum(int(o.numRowsTotal) for o in ops),
             state_memory_bytes=sum(int(o.memoryUsedBytes) for o in ops),
+            parts_ms={k: int(v) for k, v in durations.items()},
         )
         with self._lock:
             self.batches.append(batch)

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from txstream.kafka import KafkaSettings, make_consumer, make_producer
+from sinks.kafka_sink import make_sink_producer
+from txstream.kafka import KafkaSettings, make_consumer
 from txstream.topics import Topics
 from txstream.wire import H
 
@@ -44,7 +45,7 @@ def _pipe(settings: KafkaSettings, topics: Topics, partitions: list[int], expect
     from kafka import TopicPartition
 
     consumer = make_consumer(settings, fetch_max_wait_ms=5, max_poll_records=10_000)
-    producer = make_producer(settings)
+    producer = make_sink_producer(settings)
     tps = [TopicPartition(t, p) for t in (topics.half, topics.end) for p in partitions]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)

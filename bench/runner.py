@@ -118,11 +118,11 @@ def run_bench(config: RunConfig, options: BenchOptions,
         result["load_average_end"] = load_average()
     result["config"] = {
         "transactions": options.transactions, "trigger_ms": config.trigger_ms,
+        "key_window_ms": config.key_window_ms, "key_shards": config.key_shards,
         "buckets": config.buckets, "shuffle_partitions": config.shuffle_partitions,
         "state_store": config.state_store,
         "max_offsets_per_trigger": config.max_offsets_per_trigger,
         "topic_partitions": config.topic_partitions, "history": config.history,
-        "park_after_ms": config.park_after_ms,
         "transaction_timeout_ms": config.policy.transaction_timeout,
         "unknown_every": options.unknown_every, "pending_rate": options.pending_rate,
         "phases": list(options.phases),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from client.options import new_message_id
 from txstream.kafka import KafkaSettings, make_admin, make_consumer, make_producer
 from txstream.message import Decision, EndEvent, Message
 from txstream.topics import Topics
@@ -45,7 +46,9 @@ class Workload:
     body_bytes: int = 200
 
     def txid(self, phase: str, i: int) -> str:
-        return f"{phase}-{i:09d}"
+        """A transaction id as the client library makes them (a UUIDv7: state.keys); ``phase``
+        and ``i`` only name the transaction in the message key, for reading records back."""
+        return new_message_id()
 
     def half(self, txid: str, born_ms: int, immunity_s: int | None = None) -> Record:
         msg = Message(self.real_topic, os.urandom(self.body_bytes), keys=txid,
@@ -129,7 +132,9 @@ class TopicReader:
     """Read topics from the beginning in a background thread, calling ``on_record(rec, at)``.
 
     ``at`` is the local receive time in ms: the consumer's end of commit -> visible latency.
-    Short fetch waits keep the reader from adding its own delay to that figure.
+    tansu holds a fetch for its whole ``fetch_max_wait_ms`` even when records arrive: 20 ms adds
+    ~10 ms on average to that figure, where 5 ms cost a fifth of a core in this process and the
+    broker, on the two cores the coordinator under test runs on (BENCHMARKS.md).
     """
 
     def __init__(self, settings: KafkaSettings, topics: Iterable[str],
@@ -150,7 +155,7 @@ class TopicReader:
     def _run(self) -> None:
         from kafka import TopicPartition
 
-        consumer = make_consumer(self._settings, fetch_max_wait_ms=5, max_poll_records=5000)
+        consumer = make_consumer(self._settings, fetch_max_wait_ms=20, max_poll_records=5000)
         try:
             tps = []
             for topic in self._topics:

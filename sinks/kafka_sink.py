@@ -38,10 +38,12 @@ from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.schema import OUTPUT_SCHEMA
+from txstream.spark_worker import settle
 from txstream.topics import validate_topic
 from txstream.wire import unpack_headers
 
-__all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter"]
+__all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter",
+           "make_sink_producer"]
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,25 @@ _PRODUCERS: dict[str, Any] = {}
 _PRODUCERS_LOCK = threading.Lock()
 
 
+def make_sink_producer(settings: KafkaSettings) -> Any:
+    """The sink's producer: acks=all and idempotent like every txstream producer, tuned for
+    writing thousands of records at once (the benchmark's raw pipe uses it too).
+
+    kafka-python builds every record in Python, on the caller's thread, while its I/O thread
+    competes for the GIL: one request in flight and 1 MiB batches cut its CPU per record from
+    ~120 to ~87 us here (BENCHMARKS.md) at no cost in delivery time to a nearby broker. With its
+    default 16 KiB batches, kafka-python 3.0.12 also stalled for good, two times in three, when
+    a burst of thousands of records met a first record for a topic the broker creates on that
+    write (a new group's check topic): tests/test_kafka_sink.py keeps that case.
+    """
+    return make_producer(settings, batch_size=1 << 20, max_in_flight_requests_per_connection=1)
+
+
 def _producer(options: SinkOptions) -> Any:
     with _PRODUCERS_LOCK:
         producer = _PRODUCERS.get(options.client_key)
         if producer is None:
-            producer = make_producer(options.kafka)
+            producer = make_sink_producer(options.kafka)
             _PRODUCERS[options.client_key] = producer
         return producer
 
@@ -173,47 +189,81 @@ def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
     return kept
 
 
-def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
-    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms])`` rows; raise
-    SendFailed unless all were acked."""
-    rows, invalid = _prepared(rows)
+class _Delivery:
+    """The records one task sends, acknowledged all together at the end (:meth:`finish`)."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.futures: list[tuple[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+
+    def send(self, rows: list[tuple[Any, ...]]) -> None:
+        topic = None
+        try:
+            producer = _producer(self.options)
+            for kind, topic, key, value, headers, *_ in rows:
+                if key is None and value is None:
+                    # kafka-python refuses such a record (Kafka does not): e.g. the dead letter
+                    # of a keyless tombstone. An empty value is the nearest it can send.
+                    value = b""
+                self.futures.append((topic, producer.send(topic, key=key, value=value,
+                                                          headers=headers)))
+                self.counts[kind] += 1
+        except Exception as exc:
+            _drop_producer(self.options)
+            raise SendFailed(f"sending record {len(self.futures) + 1} (topic {topic}) "
+                             f"failed: {type(exc).__name__}: {exc}") from exc
+
+    def finish(self) -> dict[str, int]:
+        """Flush; raise SendFailed unless the broker acknowledged every record."""
+        try:
+            _producer(self.options).flush(timeout=self.options.flush_timeout_s)
+        except Exception as exc:
+            _drop_producer(self.options)
+            raise SendFailed(f"flushing {len(self.futures)} records failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        failed = [(topic, fut) for topic, fut in self.futures if not fut.succeeded()]
+        if failed:
+            _drop_producer(self.options)
+            shown = "; ".join(
+                f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
+                for topic, fut in failed[:_MAX_ERRORS_SHOWN]
+            )
+            raise SendFailed(f"{len(failed)} of {len(self.futures)} records were not "
+                             f"acknowledged by the broker: {shown}")
+        return dict(self.counts)
+
+
+def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    ready, invalid = _prepared(rows)
     if invalid:
         shown = "; ".join(invalid[:_MAX_ERRORS_SHOWN])
-        raise SendFailed(f"{len(invalid)} of {len(rows) + len(invalid)} records cannot be "
-                         f"written: {shown}")
+        raise SendFailed(f"{len(invalid)} of {len(rows)} records cannot be written: {shown}")
+    return ready
+
+
+def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
+    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms])`` rows; raise
+    SendFailed unless all were acked. Nothing is sent when any row can never be written."""
+    rows = _checked(rows)
     total = len(rows)
     if options.replay_check and replay_suspected():
         rows = _not_yet_written(options, rows)
-    futures: list[tuple[str, Any]] = []
-    counts: Counter[str] = Counter()
-    try:
-        producer = _producer(options)
-        for kind, topic, key, value, headers, *_ in rows:
-            if key is None and value is None:
-                # kafka-python refuses such a record (Kafka does not): e.g. the dead letter of
-                # a keyless tombstone. An empty value is the nearest it can send.
-                value = b""
-            futures.append((topic, producer.send(topic, key=key, value=value,
-                                                 headers=headers)))
-            counts[kind] += 1
-        producer.flush(timeout=options.flush_timeout_s)
-    except Exception as exc:
-        _drop_producer(options)
-        at = len(futures)
-        step = (f"flushing {len(rows)} records" if at == len(rows)
-                else f"sending record {at + 1} of {len(rows)} (topic {rows[at][1]})")
-        raise SendFailed(f"{step} failed: {type(exc).__name__}: {exc}") from exc
-    failed = [(topic, fut) for topic, fut in futures if not fut.succeeded()]
-    if failed:
-        _drop_producer(options)
-        shown = "; ".join(
-            f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
-            for topic, fut in failed[:_MAX_ERRORS_SHOWN]
-        )
-        raise SendFailed(
-            f"{len(failed)} of {len(rows)} records were not acknowledged by the broker: {shown}"
-        )
-    return SinkCommit(dict(counts), total - len(rows))
+    delivery = _Delivery(options)
+    delivery.send(rows)
+    return SinkCommit(delivery.finish(), total - len(rows))
+
+
+def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
+    """Send the rows of Arrow ``batches`` as each arrives, so that sending overlaps the work
+    that produces the next; one flush at the end. A task that may be writing a replayed batch
+    reads everything first: what its first run wrote is found by the ids of the whole batch."""
+    if options.replay_check and replay_suspected():
+        return send_rows(options, _rows(batches))
+    delivery = _Delivery(options)
+    for batch in batches:
+        delivery.send(_checked(_rows([batch])))
+    return SinkCommit(delivery.finish())
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):
@@ -224,7 +274,8 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
         self.delivered: Counter[str] = Counter()  # driver side: totals over committed batches
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
-        return send_rows(self.options, _rows(iterator))
+        settle()
+        return send_batches(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         for message in messages:
@@ -253,4 +304,5 @@ class KafkaRecordSink(DataSource):
         return OUTPUT_SCHEMA
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+        settle()
         return KafkaRecordWriter(SinkOptions.parse(self.options))

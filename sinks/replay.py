@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from txstream.kafka import KafkaSettings, make_consumer
+from txstream.kafka import PATIENT_AFTER_S, PATIENT_FETCH_WAIT_MS, KafkaSettings, make_consumer
 from txstream.wire import H
 
 __all__ = [
@@ -99,22 +99,47 @@ def _high_watermark(probe: Any, tp: Any) -> int:
     raise TimeoutError(f"no high watermark for {tp.topic}/{tp.partition}")
 
 
-def _read(reader: Any, tp: Any, start: int, end: int) -> list[Any]:
-    reader.assign([tp])
-    reader.seek(tp, start)
-    out: list[Any] = []
-    deadline = time.monotonic() + _READ_TIMEOUT_S
-    while reader.position(tp) < end:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reading {tp.topic}/{tp.partition} [{start}, {end}) stalled")
-        for rec in reader.poll(timeout_ms=100).get(tp, ()):
-            if rec.offset < end:
-                out.append(rec)
-    return out
+class _Reader:
+    """Reads ranges of records; rebuilt patient when the broker is slow (PATIENT_AFTER_S)."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.wait_ms = 5
+        self.consumer = self._make()
+
+    def _make(self) -> Any:
+        return make_consumer(self.settings, fetch_max_wait_ms=self.wait_ms,
+                             max_poll_records=_CHUNK)
+
+    def read(self, tp: Any, start: int, end: int) -> list[Any]:
+        self.consumer.assign([tp])
+        self.consumer.seek(tp, start)
+        out: list[Any] = []
+        began = progress_at = time.monotonic()
+        position = start
+        while position < end:
+            now = time.monotonic()
+            if now - began > _READ_TIMEOUT_S:
+                raise TimeoutError(f"reading {tp.topic}/{tp.partition} [{start}, {end}) stalled")
+            if now - progress_at > PATIENT_AFTER_S and self.wait_ms < PATIENT_FETCH_WAIT_MS:
+                self.consumer.close()
+                self.wait_ms = PATIENT_FETCH_WAIT_MS
+                self.consumer = self._make()
+                self.consumer.assign([tp])
+                self.consumer.seek(tp, position)
+            for rec in self.consumer.poll(timeout_ms=100).get(tp, ()):
+                if rec.offset < end:
+                    out.append(rec)
+            if self.consumer.position(tp) != position:
+                position, progress_at = self.consumer.position(tp), time.monotonic()
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def _scan_partition(
-    probe: Any, reader: Any, tp: Any, wanted: set[str], tag: str, batch_ms: int
+    probe: Any, reader: _Reader, tp: Any, wanted: set[str], tag: str, batch_ms: int
 ) -> set[str]:
     own_horizon = batch_ms - SKEW_MARGIN_MS
     foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
@@ -123,7 +148,7 @@ def _scan_partition(
     while end > 0:
         start = max(0, end - _CHUNK)
         done = False
-        for rec in _read(reader, tp, start, end):
+        for rec in reader.read(tp, start, end):
             rid = _record_id(rec.headers)
             if rid is not None and rid in wanted:
                 found.add(rid)
@@ -150,7 +175,7 @@ def written_ids(
         return set()
     tag = id_tag(next(iter(next(iter(wanted.values())))))
     probe = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
-    reader = make_consumer(settings, fetch_max_wait_ms=5, max_poll_records=_CHUNK)
+    reader = _Reader(settings)
     found: set[str] = set()
     try:
         for topic, ids in wanted.items():

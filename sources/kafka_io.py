@@ -11,14 +11,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import InputPartition
 
+from state.keys import KeyLayout
 from txstream.errors import ConfigError, TxStreamError
-from txstream.kafka import KafkaSettings, make_consumer
-from txstream.message import MAX_BODY_BYTES
+from txstream.kafka import PATIENT_AFTER_S, PATIENT_FETCH_WAIT_MS, KafkaSettings, make_consumer
 from txstream.topics import END_TOPIC, HALF_TOPIC, validate_topic
 
 __all__ = [
@@ -65,6 +65,15 @@ def _int(options: Mapping[str, str], name: str, default: int | None, minimum: in
     return value
 
 
+def _layout(text: str | None) -> KeyLayout:
+    if not text:
+        return KeyLayout()
+    try:
+        return KeyLayout(**json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"option key_layout is not KeyLayout JSON: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The source's options, parsed once; picklable (it travels to the Spark workers)."""
@@ -73,7 +82,7 @@ class SourceOptions:
     half_topic: str = HALF_TOPIC
     end_topic: str = END_TOPIC
     max_offsets_per_trigger: int | None = None
-    max_body_bytes: int = MAX_BODY_BYTES
+    key_layout: KeyLayout = field(default_factory=KeyLayout)
     topic_partitions: int = 2
     read_timeout_ms: int = 30_000
     check_crcs: bool = True
@@ -92,7 +101,7 @@ class SourceOptions:
             half_topic=half,
             end_topic=end,
             max_offsets_per_trigger=_int(options, "max_offsets_per_trigger", None, 1),
-            max_body_bytes=_int(options, "max_body_bytes", MAX_BODY_BYTES, 0) or 0,
+            key_layout=_layout(options.get("key_layout")),
             topic_partitions=_int(options, "topic_partitions", 2, 1) or 2,
             read_timeout_ms=_int(options, "read_timeout_ms", 30_000, 1) or 30_000,
             check_crcs=_bool(options.get("check_crcs"), True),
@@ -145,6 +154,7 @@ def group_slices(slices: list[TopicSlice], tasks: int) -> list[SliceGroup]:
 
 _CLIENTS: dict[tuple[str, str], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
+_PATIENT: set[tuple[str, str]] = set()  # readers that met slow storage: PATIENT_AFTER_S
 
 
 def consumer_for(options: SourceOptions, purpose: str) -> Any:
@@ -158,12 +168,13 @@ def consumer_for(options: SourceOptions, purpose: str) -> Any:
     with _CLIENTS_LOCK:
         consumer = _CLIENTS.get(key)
         if consumer is None:
+            # The broker answers at once when a fetch is at the end of the log instead of
+            # holding it for the default 500 ms: planning and short reads stay fast. (0 made
+            # kafka-python 3.0.12 hang in poll.)
+            wait_ms = 1 if purpose == "offsets" else 5
             consumer = make_consumer(
                 options.kafka,
-                # The broker answers at once when a fetch is at the end of the log instead of
-                # holding it for the default 500 ms: planning and short reads stay fast. (0 made
-                # kafka-python 3.0.12 hang in poll.)
-                fetch_max_wait_ms=1 if purpose == "offsets" else 5,
+                fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if key in _PATIENT else wait_ms,
                 max_poll_records=ROWS_PER_BATCH,
                 check_crcs=options.check_crcs,
                 # Offsets-only fetches want the high watermark, not the data behind it.
@@ -173,10 +184,14 @@ def consumer_for(options: SourceOptions, purpose: str) -> Any:
         return consumer
 
 
-def drop_consumer(options: SourceOptions, purpose: str) -> None:
-    """Forget a consumer after an error, so the next task starts from a clean client."""
+def drop_consumer(options: SourceOptions, purpose: str, patient: bool = False) -> None:
+    """Forget a consumer after an error, so the next task starts from a clean client (one
+    that waits patiently for its fetches, if ``patient``)."""
+    key = (options.client_key, f"{purpose}:{options.check_crcs}")
     with _CLIENTS_LOCK:
-        consumer = _CLIENTS.pop((options.client_key, f"{purpose}:{options.check_crcs}"), None)
+        consumer = _CLIENTS.pop(key, None)
+        if patient:
+            _PATIENT.add(key)
     if consumer is not None:
         try:
             consumer.close()
@@ -258,6 +273,7 @@ def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
     tp = TopicPartition(part.topic, part.partition)
     purpose = f"read:{part.topic}"
     consumer = consumer_for(options, purpose)
+    patient = consumer.config["fetch_max_wait_ms"] >= PATIENT_FETCH_WAIT_MS
     stall_s = options.read_timeout_ms / 1000
     try:
         consumer.assign([tp])
@@ -293,6 +309,11 @@ def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
             now_at = consumer.position(tp)
             if now_at != position:
                 position, progress_at = now_at, time.monotonic()
+            elif not patient and time.monotonic() - progress_at > PATIENT_AFTER_S:
+                drop_consumer(options, purpose, patient=True)
+                consumer, patient = consumer_for(options, purpose), True
+                consumer.assign([tp])
+                consumer.seek(tp, position)
             elif time.monotonic() - progress_at > stall_s:
                 raise SourceReadError(
                     f"{part.topic}/{part.partition}: stuck at offset {position} while reading "

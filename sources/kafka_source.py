@@ -14,7 +14,7 @@ Options (strings, as Spark passes them):
 - ``half_topic`` / ``end_topic``: default RocketMQ's names; created with ``topic_partitions``
   partitions (default 2) if missing.
 - ``max_offsets_per_trigger``: records per micro-batch, spread fairly over the partitions.
-- ``max_body_bytes``: a bigger half message is ``malformed`` (default 4 MiB).
+- ``key_layout``: JSON of ``state.keys.KeyLayout.as_dict()``: how records map to state keys.
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
 - ``fail_on_data_loss`` (true): fail when a partition ends below the checkpoint (the broker lost
   records); false reads such a partition again from offset 0.
@@ -42,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from sources.event_rows import arrow_schema, malformed_row, record_row, rows_to_batch
+from sources.event_rows import arrow_schema, record_row, rows_to_batch, unreadable_row
 from sources.kafka_io import (
     ROWS_PER_BATCH,
     SliceGroup,
@@ -58,6 +58,7 @@ from sources.kafka_io import (
 )
 from txstream.kafka import make_admin
 from txstream.schema import EVENT_SCHEMA
+from txstream.spark_worker import settle
 
 __all__ = [
     "SOURCE_NAME",
@@ -270,21 +271,19 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- worker side ---------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        settle()
         parts = partition.slices if isinstance(partition, SliceGroup) else (partition,)
         schema = arrow_schema(self.schema)
+        layout = self.options.key_layout
         rows: list[tuple[Any, ...]] = []
         for part in parts:
             assert isinstance(part, TopicSlice)
             for rec in read_slice(self.options, part):
                 if isinstance(rec, Unreadable):
-                    # Nothing of it could be read; an empty value keeps its dead letter
-                    # sendable (kafka-python refuses a record with neither key nor value).
-                    row = malformed_row(rec.error, None, b"", [], rec.topic, rec.partition,
-                                        rec.offset)
+                    row = unreadable_row(part.is_half, rec.partition, rec.offset, rec.error)
                 else:
                     row = record_row(part.is_half, rec.key, rec.value, rec.headers,
-                                     rec.topic, rec.partition, rec.offset,
-                                     self.options.max_body_bytes)
+                                     rec.partition, rec.offset, layout)
                 rows.append(row)
                 if len(rows) >= ROWS_PER_BATCH:
                     yield rows_to_batch(rows, schema)
@@ -304,6 +303,7 @@ class KafkaEventSource(DataSource):
         return EVENT_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        settle()
         return KafkaEventReader(SourceOptions.parse(self.options), schema)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from state.keys import KeyLayout
 from state.policy import Policy
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
@@ -52,19 +53,17 @@ class RunConfig:
     policy: Policy = field(default_factory=Policy)
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
     trigger_ms: int = 0  # 0: next batch as soon as the last ends (best latency, ~1 core idle)
-    # State keys; see state/bucket.py for why not one key per transaction. Each key costs a
-    # Python call and a pandas frame per micro-batch: 16 made batches ~15 % shorter than 64 on
-    # 2 cores (BENCHMARKS.md). Pinned in the checkpoint (streaming.query.pin_layout).
+    # State keys (state/keys.py): a transaction id's creation-time window and one of
+    # ``key_shards`` shards; ``buckets`` hash buckets for ids that carry no time. Pinned in the
+    # checkpoint (streaming.query.pin_layout).
+    key_window_ms: int = 1000
+    key_shards: int = 2
     buckets: int = 16
     shuffle_partitions: int = 2
     state_store: str = "default"  # or "rocksdb"
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
     history: bool = True  # write every transition to the history topic (txstream history)
-    # Pending transactions whose next deadline is at least this far off wait as 40-byte records,
-    # their half message read back from the half topic when needed (state/parking.py): batch
-    # time then hardly grows with the number pending. 0: keep every transaction whole.
-    park_after_ms: int = 30_000
     # Before the first batch after a restart, leave out the records a crashed run already wrote
     # (sinks/replay.py): no release twice. Off only to measure what it saves.
     replay_check: bool = True
@@ -72,16 +71,21 @@ class RunConfig:
     query_name: str = "txstream-coordinator"
 
     def __post_init__(self) -> None:
-        if self.buckets < 1:
-            raise ConfigError("buckets must be at least 1")
+        if self.buckets < 1 or self.key_shards < 1:
+            raise ConfigError("buckets and key shards must be at least 1")
+        if self.key_window_ms < 1:
+            raise ConfigError("the key window must be at least 1 ms")
         if self.shuffle_partitions < 1:
             raise ConfigError("shuffle partitions must be at least 1")
         if self.state_store not in ("default", "rocksdb"):
             raise ConfigError("state store must be 'default' or 'rocksdb'")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
-        if self.park_after_ms < 0:
-            raise ConfigError("park-after must not be negative")
+
+    @property
+    def layout(self) -> KeyLayout:
+        return KeyLayout(self.key_window_ms, self.key_shards, self.buckets,
+                         self.shuffle_partitions)
 
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -113,14 +117,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", default=_env(name), help=text)
     p.add_argument("--trigger", default=_env("trigger") or "0s",
                    help="micro-batch trigger interval (0s: back to back)")
-    p.add_argument("--buckets", type=int, default=_env("buckets"))
+    p.add_argument("--key-window", default=_env("key-window"),
+                   help="state keys: window of transaction-id creation times (default 1s)")
+    p.add_argument("--key-shards", type=int, default=_env("key-shards"),
+                   help="state keys per window (default 2: one per shuffle partition)")
+    p.add_argument("--buckets", type=int, default=_env("buckets"),
+                   help="state keys for transaction ids that carry no time (default 16)")
     p.add_argument("--shuffle-partitions", type=int, default=_env("shuffle-partitions"))
     p.add_argument("--state-store", choices=("default", "rocksdb"), default=_env("state-store"))
     p.add_argument("--max-offsets-per-trigger", type=int,
                    default=_env("max-offsets-per-trigger"))
-    p.add_argument("--park-after", default=_env("park-after"),
-                   help="park pending transactions whose next deadline is this far off "
-                        "(default 30s; 0s: never)")
     p.add_argument("--topic-prefix", default=_env("topic-prefix") or "",
                    help="prefix for every system topic (several coordinators on one broker)")
     p.add_argument("--metrics-port", type=int, default=_env("metrics-port"),
@@ -180,9 +186,10 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
     }
     if args.checkpoint_dir:
         changes["checkpoint_dir"] = Path(args.checkpoint_dir)
-    if getattr(args, "park_after", None) is not None:
-        changes["park_after_ms"] = parse_duration_ms(args.park_after)
-    for name in ("buckets", "shuffle_partitions", "state_store", "max_offsets_per_trigger"):
+    if getattr(args, "key_window", None) is not None:
+        changes["key_window_ms"] = parse_duration_ms(args.key_window)
+    for name in ("buckets", "key_shards", "shuffle_partitions", "state_store",
+                 "max_offsets_per_trigger"):
         value = getattr(args, name)
         if value is not None:
             changes[name] = int(value) if name != "state_store" else value

@@ -1,7 +1,7 @@
 """``txstream pending --checkpoint-dir DIR``: the transactions the coordinator is waiting on.
 
 Read from the coordinator's own state with Spark's state data source
-(``spark.read.format("statestore")``): one row per bucket, its value the
+(``spark.read.format("statestore")``): one row per state key (:mod:`state.keys`), its value the
 ``applyInPandasWithState`` state ``blob`` = :meth:`state.bucket.Bucket.encode`. The source reads
 the last *committed* batch, so this works while the coordinator runs (it never sees a
 half-written batch) and after it stopped; the coordinator is not disturbed.
@@ -38,7 +38,7 @@ class PendingRow:
     checks_sent: int
     checks_answered: int
     next_check_ms: int | None
-    bucket: int
+    state_key: int
 
 
 def latest_batch(checkpoint: Path) -> tuple[int, int | None] | None:
@@ -70,7 +70,7 @@ def _blob(value: Any) -> bytes | None:
     return bytes(blob) if blob is not None else None
 
 
-def _row(tx: Transaction, bucket: int, now: int) -> PendingRow:
+def _row(tx: Transaction, key: int, now: int) -> PendingRow:
     half = tx.half
     born = half.born_timestamp if half is not None else None
     return PendingRow(
@@ -83,7 +83,7 @@ def _row(tx: Transaction, bucket: int, now: int) -> PendingRow:
         checks_sent=tx.checks_sent,
         checks_answered=tx.checks_answered,
         next_check_ms=tx.next_check,
-        bucket=bucket,
+        state_key=key,
     )
 
 
@@ -101,9 +101,9 @@ def read_pending(spark: Any, checkpoint_dir: str | Path, batch_id: int | None = 
     now = int(time.time() * 1000) if now_ms is None else now_ms
     out = []
     for r in rows:
-        bucket = int(r["key"]["bucket"])
+        key = int(r["key"]["state_key"])
         for tx in Bucket.decode(_blob(r["value"])).pending():
-            out.append(_row(tx, bucket, now))
+            out.append(_row(tx, key, now))
     return sorted(out, key=lambda p: (p.born_ms is None, p.born_ms or 0, p.transaction_id))
 
 

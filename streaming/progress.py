@@ -6,14 +6,45 @@ Spark's own, arrive with each ``QueryProgressEvent`` on the driver, and need no 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
-__all__ = ["CoordinatorStats", "ProgressListener", "COUNTERS", "format_batch"]
+__all__ = ["CoordinatorStats", "JsonProgressListener", "ProgressListener", "COUNTERS",
+           "format_batch"]
+
+
+class _JsonBridge(JStreamingQueryListener):
+    """Hands a progress event over as its JSON: one py4j call per event.
+
+    pyspark's own bridge builds the Python progress field by field over py4j and looks a JVM
+    class up by name for every observed-metrics row; in the benchmark that took a third of the
+    driver JVM's CPU (BENCHMARKS.md), on a machine where the coordinator needs all of it.
+    """
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        progress = json.loads(jevent.progress().json())
+        self.pylistener.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress}))
+
+
+class JsonProgressListener(StreamingQueryListener):
+    """A StreamingQueryListener whose progress events arrive through :class:`_JsonBridge`."""
+
+    @property
+    def _jlistener(self) -> Any:
+        # Overrides pyspark's (4.2.1, pinned) wrapper of the Python listener for the JVM.
+        if not hasattr(self, "_jlistenerobj"):
+            from pyspark import SparkContext
+
+            jvm = SparkContext._jvm
+            assert jvm is not None
+            self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(_JsonBridge(self))
+        return self._jlistenerobj
 
 COUNTERS = (
     "halves",
@@ -96,7 +127,7 @@ def format_batch(progress: Any, batch: dict[str, int], stats: CoordinatorStats) 
     )
 
 
-class ProgressListener(StreamingQueryListener):
+class ProgressListener(JsonProgressListener):
     """Feeds :class:`CoordinatorStats`; prints one line per batch that did something."""
 
     def __init__(

@@ -1,8 +1,7 @@
 """The coordinator: one streaming query from the half/end topics to every output topic.
 
-    txstream-events (half + end topics)
-      -> bucket = crc32(transaction id) % buckets
-      -> groupBy(bucket).applyInPandasWithState(ProcessingTimeTimeout)   [streaming.operator]
+    txstream-events (half + end topics), each record with its state key      [state.keys]
+      -> groupBy(state_key).applyInPandasWithState(ProcessingTimeTimeout)   [streaming.operator]
       -> observe(per-kind counters)                                      [streaming.progress]
       -> txstream-records (real topics, check topics, discard, dead letter, history)
 
@@ -16,10 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from state.keys import KeyLayout
 from streaming.config import RunConfig
 from streaming.operator import coordinator_function
 from txstream.errors import ConfigError
-from txstream.schema import OUTPUT_SCHEMA, STATE_SCHEMA, EventKind, Kind
+from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
 
 __all__ = ["build_stream", "start_coordinator", "pin_layout", "LAYOUT_FILE", "OBSERVATION"]
 
@@ -36,7 +36,7 @@ def _observed_metrics() -> list[Any]:
     kind = F.col("kind")
 
     def history(event: str, name: str) -> Any:
-        return F.coalesce(F.sum(F.col("counts").getItem(event)), F.lit(0)).alias(name)
+        return F.coalesce(F.sum(F.col(HISTORY_COUNTED[event])), F.lit(0)).alias(name)
 
     return [
         count(kind == Kind.VISIBLE, "released"),
@@ -71,23 +71,16 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
         .option("half_topic", config.topics.half)
         .option("end_topic", config.topics.end)
         .option("topic_partitions", str(config.topic_partitions))
+        .option("key_layout", json.dumps(config.layout.as_dict()))
         .option("read_tasks", str(spark.sparkContext.defaultParallelism))
     )
     if config.max_offsets_per_trigger:
         reader = reader.option("max_offsets_per_trigger", str(config.max_offsets_per_trigger))
-    events = reader.load()
-    n = F.lit(config.buckets)
-    # Malformed records have no transaction id; spread them by offset. crc32 matches
-    # state.bucket.bucket_of, so admin tools find a transaction's bucket the same way.
-    bucket = F.when(
-        F.col("kind") == EventKind.MALFORMED, F.pmod(F.col("src_offset"), n)
-    ).otherwise(F.pmod(F.crc32(F.encode(F.col("transaction_id"), "UTF-8")), n))
     outputs = (
-        events.withColumn("bucket", bucket.cast("int"))
-        .groupBy("bucket")
+        reader.load()
+        .groupBy("state_key")
         .applyInPandasWithState(
-            coordinator_function(config.policy, config.topics, config.kafka,
-                                 config.park_after_ms),
+            coordinator_function(config.policy, config.topics),
             OUTPUT_SCHEMA,
             STATE_SCHEMA,
             "append",
@@ -112,25 +105,31 @@ LAYOUT_FILE = "txstream.json"
 
 
 def pin_layout(config: RunConfig) -> None:
-    """Record the bucket count in the checkpoint, and refuse to run against a different one.
+    """Record the state-key layout in the checkpoint, and refuse to run against another one.
 
-    A transaction's state lives in bucket ``crc32(id) % buckets``: with another count its end
-    event would reach a bucket that never saw its half message. Spark cannot tell (the state's
-    key is just an int), so txstream does.
+    A transaction's state lives under the key :func:`state.keys.state_key` gives its id: with
+    another layout its end event would reach a key that never saw its half message. Spark cannot
+    tell (the state's key is just a number), so txstream does.
     """
     config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = config.checkpoint_dir / LAYOUT_FILE
+    wanted = config.layout.as_dict()
     if path.exists():
         try:
-            pinned = json.loads(path.read_text())["buckets"]
+            pinned = json.loads(path.read_text())
+            KeyLayout(**pinned)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{path} is damaged ({exc}); it records the bucket count") from None
-        if pinned != config.buckets:
+            raise ConfigError(f"{path} is damaged or from an older txstream ({exc}); it records "
+                              "the state-key layout: start a new checkpoint") from None
+        if pinned != wanted:
+            flags = {"window_ms": "--key-window {}ms", "shards": "--key-shards {}",
+                     "fallback_buckets": "--buckets {}", "partitions": "--shuffle-partitions {}"}
+            use = " ".join(flags[k].format(v) for k, v in pinned.items())
             raise ConfigError(
-                f"checkpoint {config.checkpoint_dir} was written with --buckets {pinned}, not "
-                f"{config.buckets}: run with --buckets {pinned}, or start a new checkpoint")
+                f"checkpoint {config.checkpoint_dir} was written with another state-key layout "
+                f"({pinned}, not {wanted}): run with {use}, or start a new checkpoint")
         return
-    path.write_text(json.dumps({"buckets": config.buckets}) + "\n")
+    path.write_text(json.dumps(wanted) + "\n")
 
 
 def start_coordinator(spark: Any, config: RunConfig) -> Any:

@@ -12,6 +12,15 @@ __all__ = ["build_session", "LOG4J_CONFIG"]
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 
 
+def _env_settings() -> dict[str, str]:
+    """``TXSTREAM_SPARK_CONF="k=v k=v"``: any other Spark settings (an event log, memory...)."""
+    pairs = os.environ.get("TXSTREAM_SPARK_CONF", "").split()
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise ValueError(f"TXSTREAM_SPARK_CONF wants key=value pairs, got {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
+
+
 def build_session(
     master: str | None = None,
     shuffle_partitions: int = 2,
@@ -46,6 +55,7 @@ def build_session(
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.unix.domain.socket.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "30s")
         # The default (FileContext-based) manager has Hadoop's local file system fork `chmod`
@@ -67,7 +77,7 @@ def build_session(
         )
     elif state_store != "default":
         raise ValueError("state_store must be 'default' or 'rocksdb'")
-    for key, value in (extra or {}).items():
+    for key, value in {**_env_settings(), **(extra or {})}.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,9 +1,11 @@
-"""Issue 5, bad input: no Kafka record, however broken, crashes the source's parsing.
+"""Issue 5, bad input: no Kafka record, however broken, crashes the coordinator's parsing.
 
-``sources.event_rows.record_row`` turns every record of the half and end topics into a row;
-whatever it gets, it must return a row Spark accepts (the Arrow batch builds), and a record it
-cannot read must come out ``malformed`` with a reason and the record intact, to be
-dead-lettered. Random records, and valid records with one header broken, are thrown at it.
+Every record of the half and end topics goes through two steps: the source turns it into a row
+(``sources.event_rows.record_row``: raw key, value, packed headers and the state key), and the
+operator decodes the row (``sources.events.parse_event``). Whatever comes in, the row must be one
+Spark accepts (the Arrow batch builds), and a record that cannot be decoded must come out
+``Malformed`` with a reason, to be dead-lettered with the record intact. Random records, and
+valid records with one header broken, are thrown at both.
 """
 
 from __future__ import annotations
@@ -13,36 +15,34 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
-    ArrayType,
     BinaryType,
-    BooleanType,
+    ByteType,
     IntegerType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
 )
 
 from sources.event_rows import NUM_COLUMNS, arrow_schema, record_row, rows_to_batch
+from sources.events import Malformed, parse_event
+from state.keys import UNROUTABLE, KeyLayout, state_key
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EVENT_COLUMNS, EventKind
 from txstream.topics import Topics
-from txstream.wire import encode_end, encode_half
+from txstream.wire import encode_end, encode_half, unpack_headers
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX_BODY = 64  # small, so that "body over the size limit" comes up often
 COL = {name: i for i, (name, _) in enumerate(EVENT_COLUMNS)}
 TOPICS = Topics()
+LAYOUT = KeyLayout()
 
 
 def _struct() -> StructType:
     """EVENT_SCHEMA as Spark hands it to the reader (parsing the DDL would need the JVM)."""
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    types = {"string": StringType(), "boolean": BooleanType(), "int": IntegerType(),
-             "bigint": LongType(), "binary": BinaryType(),
-             "map<string,string>": MapType(StringType(), StringType()),
-             "array<struct<key:string,value:binary>>": ArrayType(header)}
+    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
+             "binary": BinaryType(), "string": StringType()}
     return StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
 
 
@@ -65,31 +65,36 @@ headers = st.lists(st.tuples(header_names, header_values), max_size=8)
 blobs = st.one_of(st.none(), st.binary(max_size=2 * MAX_BODY))
 
 
-def _check(row: tuple[Any, ...], key: Any, value: Any, hdrs: Any) -> None:
+def _check(is_half: bool, key: Any, value: Any, hdrs: Any) -> Message | EndEvent | Malformed:
+    row = record_row(is_half, key, value, hdrs, 3, 17, LAYOUT)
     assert len(row) == NUM_COLUMNS
-    kind = row[COL["kind"]]
-    assert kind in (EventKind.HALF, EventKind.END, EventKind.MALFORMED)
-    assert (row[COL["src_topic"]], row[COL["src_partition"]], row[COL["src_offset"]]) == (
-        "in", 3, 17)
-    if kind == EventKind.MALFORMED:
-        assert row[COL["error"]], "a malformed row says why"
-        assert row[COL["raw_key"]] == key and row[COL["raw_value"]] == value
-        assert [v for _, v in row[COL["raw_headers"]]] == [v for _, v in hdrs or ()]
-    else:
-        assert row[COL["transaction_id"]] == bytes(key).decode("utf-8")
-        assert row[COL["error"]] is None
-    if kind == EventKind.HALF:
-        assert len(row[COL["body"]] or b"") <= MAX_BODY
+    assert row[COL["kind"]] == (EventKind.HALF if is_half else EventKind.END)
+    assert (row[COL["src_partition"]], row[COL["src_offset"]]) == (3, 17)
+    # The record travels as read: a dead letter gives it back byte for byte (a null header
+    # value as an empty one, the way Kafka clients write it anyway).
+    assert row[COL["key"]] == key and row[COL["value"]] == value
+    assert unpack_headers(row[COL["headers"]]) == [(k, v or b"") for k, v in hdrs or ()]
     rows_to_batch([row], ARROW)  # Spark gets a batch it accepts, whatever came in
+    event = parse_event(row[COL["kind"]], key, value, row[COL["headers"]], 3, 17, MAX_BODY)
+    if isinstance(event, Malformed):
+        assert event.reason, "a malformed record says why"
+    else:
+        # A decoded event's transaction lives under the state key its record was routed by.
+        assert row[COL["state_key"]] != UNROUTABLE
+        assert row[COL["state_key"]] == state_key(event.transaction_id, LAYOUT)
+        assert bytes(key).decode("utf-8") == event.transaction_id
+    if isinstance(event, Message):
+        assert len(event.body) <= MAX_BODY
+        assert (event.queue_id, event.queue_offset) == (3, 17)
+    return event
 
 
 @FUZZ
 @given(is_half=st.booleans(), key=blobs, value=blobs, hdrs=headers)
-def test_any_record_becomes_a_row_or_a_malformed_row(
+def test_any_record_becomes_a_row_and_an_event_or_a_reason(
     is_half: bool, key: Any, value: Any, hdrs: Any
 ) -> None:
-    row = record_row(is_half, key, value, hdrs, "in", 3, 17, MAX_BODY)
-    _check(row, key, value, hdrs)
+    _check(is_half, key, value, hdrs)
 
 
 def _valid(is_half: bool, body: bytes) -> Any:
@@ -118,18 +123,26 @@ def test_a_valid_record_with_one_header_broken_never_crashes(
     else:
         hdrs[i] = (data.draw(st.text(max_size=8)), hdrs[i][1])
     key = data.draw(st.one_of(st.just(record.key), blobs))
-    row = record_row(is_half, key, record.value, hdrs, "in", 3, 17, MAX_BODY)
-    _check(row, key, record.value, hdrs)
+    _check(is_half, key, record.value, hdrs)
+
+
+def test_valid_records_decode_to_their_events() -> None:
+    half = _valid(True, b"body")
+    event = _check(True, half.key, half.value, half.headers)
+    assert isinstance(event, Message) and event.body == b"body" and event.topic == "orders"
+    end = _valid(False, b"")
+    event = _check(False, end.key, end.value, end.headers)
+    assert isinstance(event, EndEvent) and event.decision is Decision.COMMIT_MESSAGE
 
 
 def test_the_bad_inputs_of_the_issue_are_malformed_with_their_reason() -> None:
     half = _valid(True, b"x" * (MAX_BODY + 1))
-    over = record_row(True, half.key, half.value, half.headers, "in", 3, 17, MAX_BODY)
-    assert over[COL["kind"]] == EventKind.MALFORMED
-    assert f"exceeds the limit of {MAX_BODY}" in over[COL["error"]]
+    over = _check(True, half.key, half.value, half.headers)
+    assert isinstance(over, Malformed) and f"exceeds the limit of {MAX_BODY}" in over.reason
     end = _valid(False, b"")
     odd = [(k, b"MAYBE" if k == "COMMIT_OR_ROLLBACK" else v) for k, v in end.headers]
-    unknown = record_row(False, end.key, end.value, odd, "in", 3, 17, MAX_BODY)
-    assert "unknown event type" in unknown[COL["error"]]
-    garbage = record_row(False, b"\xff", b"\x00", [("\x00", None)], "in", 3, 17, MAX_BODY)
-    assert garbage[COL["kind"]] == EventKind.MALFORMED and garbage[COL["error"]]
+    unknown = _check(False, end.key, end.value, odd)
+    assert isinstance(unknown, Malformed) and "unknown event type" in unknown.reason
+    garbage = _check(False, b"\xff", b"\x00", [("\x00", None)])
+    assert isinstance(garbage, Malformed) and garbage.reason
+    assert record_row(False, b"\xff", b"", [], 0, 0, LAYOUT)[COL["state_key"]] == UNROUTABLE

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import (
-    ArrayType,
     BinaryType,
-    BooleanType,
+    ByteType,
     IntegerType,
     LongType,
-    MapType,
     StringType,
     StructField,
     StructType,
 )
 
+from sources.event_rows import route
+from sources.events import Malformed, parse_event
 from sources.kafka_io import group_slices
 from sources.kafka_source import (
     KafkaEventReader,
@@ -33,11 +33,12 @@ from sources.kafka_source import (
     register,
     spread_budget,
 )
+from state.keys import UNROUTABLE, KeyLayout
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.message import Decision, EndEvent, Message
-from txstream.schema import EVENT_COLUMNS
+from txstream.schema import EVENT_COLUMNS, EventKind
 from txstream.topics import Topics
-from txstream.wire import Record, encode_end, encode_half
+from txstream.wire import Record, encode_end, encode_half, unpack_headers
 
 from kafka_helpers import produce, wait_until
 
@@ -77,7 +78,9 @@ def _reader(kafka: KafkaSettings, topics: Topics, **extra: Any) -> KafkaEventRea
     return KafkaEventReader(SourceOptions.parse(_options(kafka, topics, **extra)), StructType())
 
 
-def test_parses_half_end_and_malformed_records(spark, kafka, topics) -> None:
+def test_reads_records_as_they_lie_and_they_decode_to_events_or_reasons(
+    spark, kafka, topics
+) -> None:
     half = _half(topics, "tx-half", tags="TagA", keys="order-1", msg_id="m-1",
                  properties={"color": "blue", "size": "L"}, check_immunity_time_s=7)
     commit = _end(topics, "tx-half", from_check=True, check_times=2)
@@ -86,61 +89,69 @@ def test_parses_half_end_and_malformed_records(spark, kafka, topics) -> None:
     bad_headers = (("TRAN_MSG", b"false"), ("PGROUP", b"\xff\xfe"), ("dup", b""), ("dup", b"2"))
     malformed = [
         Record(topics.half, b"k-not-half", b"v1", bad_headers),
-        _half(topics, "k-too-big", body=b"x" * 64),  # over max_body_bytes=32 below
+        _half(topics, "k-too-big", body=b"x" * 64),  # over max_body=32 below
         _half(topics, "k-bad-topic", topic="bad topic!"),
         Record(topics.end, b"k-unknown", None, (("COMMIT_OR_ROLLBACK", b"MAYBE"),
                                                 ("PGROUP", b"pg"))),
         Record(topics.end, None, b"no key", (("COMMIT_OR_ROLLBACK", b"COMMIT_MESSAGE"),
                                              ("PGROUP", b"pg"))),
     ]
-    produce(kafka, [half, commit, rollback, *malformed])
+    sent = [half, commit, rollback, *malformed]
+    produce(kafka, sent)
 
     name = f"events_{uuid.uuid4().hex[:8]}"
-    query = (_stream(spark, kafka, topics, max_body_bytes=32).writeStream.format("memory")
+    query = (_stream(spark, kafka, topics).writeStream.format("memory")
              .queryName(name).trigger(availableNow=True).start())
     query.awaitTermination(120)
     assert query.exception() is None
-    rows = [r.asDict(recursive=True) for r in spark.table(name).collect()]
-    assert len(rows) == 8
+    rows = [r.asDict() for r in spark.table(name).collect()]
+    assert len(rows) == len(sent)
 
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_kind.setdefault(row["kind"], []).append(row)
-        assert row["src_topic"] in (topics.half, topics.end)
+    # The source hands over each record as it lies, with the state key its id routes to.
+    by_record = {(r["kind"], r["key"]): r for r in rows}
+    layout = KeyLayout()
+    for record in sent:
+        kind = EventKind.HALF if record.topic == topics.half else EventKind.END
+        row = by_record[(kind, record.key)]
+        assert row["value"] == record.value and row["error"] is None
+        assert unpack_headers(row["headers"]) == [(k, v or b"") for k, v in record.headers]
+        assert row["state_key"] == route(record.key, layout)
         assert row["src_partition"] is not None and row["src_offset"] is not None
-    assert sorted(by_kind) == ["end", "half", "malformed"]
+    assert by_record[(EventKind.END, None)]["state_key"] == UNROUTABLE
 
-    (h,) = by_kind["half"]
-    assert (h["transaction_id"], h["producer_group"], h["topic"]) == ("tx-half", "pg", "orders")
-    assert (h["body"], h["tags"], h["keys"], h["msg_id"]) == (b"body-tx-half", "TagA",
-                                                             "order-1", "m-1")
-    assert h["properties"] == {"color": "blue", "size": "L"}
-    assert (h["born_ms"], h["immunity_s"]) == (1_700_000_000_000, 7)
-    assert h["decision"] is None and h["error"] is None and h["raw_value"] is None
-    assert h["src_topic"] == topics.half
+    # The operator decodes each row once: an event, or the reason it is none.
+    def decoded(kind: int, key: bytes | None) -> Any:
+        row = by_record[(kind, key)]
+        return parse_event(row["kind"], row["key"], row["value"], row["headers"],
+                           row["src_partition"], row["src_offset"], max_body=32)
 
-    ends = {r["transaction_id"]: r for r in by_kind["end"]}
-    assert ends["tx-half"]["decision"] == "COMMIT_MESSAGE"
-    assert (ends["tx-half"]["from_check"], ends["tx-half"]["check_times"]) == (True, 2)
-    rb = ends["tx-rb"]
-    assert (rb["decision"], rb["operator"], rb["remark"]) == ("ROLLBACK_MESSAGE", "ops",
-                                                               "disk full")
-    assert (rb["from_check"], rb["check_times"], rb["born_ms"]) == (False, None, 42)
-    assert rb["body"] is None and rb["src_topic"] == topics.end
+    h = decoded(EventKind.HALF, b"tx-half")
+    assert isinstance(h, Message)
+    assert (h.transaction_id, h.producer_group, h.topic) == ("tx-half", "pg", "orders")
+    assert (h.body, h.tags, h.keys, h.msg_id) == (b"body-tx-half", "TagA", "order-1", "m-1")
+    assert h.properties == {"color": "blue", "size": "L"}
+    assert (h.born_timestamp, h.check_immunity_time_s) == (1_700_000_000_000, 7)
+    row = by_record[(EventKind.HALF, b"tx-half")]
+    assert (h.queue_id, h.queue_offset) == (row["src_partition"], row["src_offset"])
 
-    bad = {r["raw_key"]: r for r in by_kind["malformed"]}
-    assert sorted(k or b"" for k in bad) == sorted(
-        [b"k-not-half", b"k-too-big", b"k-bad-topic", b"k-unknown", b""])
-    first = bad[b"k-not-half"]
-    assert "TRAN_MSG" in first["error"] or "UTF-8" in first["error"]
-    assert first["raw_value"] == b"v1" and first["transaction_id"] is None
-    assert [(h["key"], h["value"]) for h in first["raw_headers"]] == list(bad_headers)
-    assert "exceeds the limit of 32" in bad[b"k-too-big"]["error"]
-    assert bad[b"k-too-big"]["raw_value"] == b"x" * 64
-    assert "bad topic!" in bad[b"k-bad-topic"]["error"]
-    assert "MAYBE" in bad[b"k-unknown"]["error"]
-    assert bad[b"k-unknown"]["src_topic"] == topics.end
-    assert "transaction id" in bad[None]["error"]
+    c = decoded(EventKind.END, b"tx-half")
+    assert isinstance(c, EndEvent) and c.decision is Decision.COMMIT_MESSAGE
+    assert (c.from_check, c.check_times) == (True, 2)
+    rb = decoded(EventKind.END, b"tx-rb")
+    assert isinstance(rb, EndEvent)
+    assert (rb.decision, rb.operator, rb.remark) == (Decision.ROLLBACK_MESSAGE, "ops",
+                                                     "disk full")
+    assert (rb.from_check, rb.check_times, rb.born_timestamp) == (False, None, 42)
+
+    reasons = {key: decoded(kind, key) for kind, key in [
+        (EventKind.HALF, b"k-not-half"), (EventKind.HALF, b"k-too-big"),
+        (EventKind.HALF, b"k-bad-topic"), (EventKind.END, b"k-unknown"), (EventKind.END, None)]}
+    assert all(isinstance(r, Malformed) for r in reasons.values())
+    assert "TRAN_MSG" in reasons[b"k-not-half"].reason or "UTF-8" in reasons[b"k-not-half"].reason
+    assert "exceeds the limit of 32" in reasons[b"k-too-big"].reason
+    assert "bad topic!" in reasons[b"k-bad-topic"].reason
+    assert "MAYBE" in reasons[b"k-unknown"].reason
+    assert "transaction id" in reasons[None].reason
 
 
 def test_restart_from_checkpoint_reads_every_record_once(
@@ -153,7 +164,7 @@ def test_restart_from_checkpoint_reads_every_record_once(
 
     def start(trigger: dict[str, Any]) -> Any:
         return (_stream(spark, kafka, topics, max_offsets_per_trigger=10)
-                .select("kind", "transaction_id", "src_topic", "src_partition", "src_offset")
+                .select("kind", "key", "src_partition", "src_offset")
                 .writeStream.format("parquet").option("path", str(out))
                 .option("checkpointLocation", str(cp)).trigger(**trigger).start())
 
@@ -175,11 +186,11 @@ def test_restart_from_checkpoint_reads_every_record_once(
     assert max(sizes) <= 10, sizes
 
     rows = spark.read.parquet(str(out)).collect()
-    where = [(r.src_topic, r.src_partition, r.src_offset) for r in rows]
+    where = [(r.kind, r.src_partition, r.src_offset) for r in rows]
     assert len(where) == len(set(where)) == len(first) + len(second)  # no loss, no duplicate
-    got = sorted((r.kind, r.transaction_id) for r in rows)
+    got = sorted((r.kind, bytes(r.key).decode()) for r in rows)
     want = sorted((k, f"{p}{i}") for p, n in (("a", 20), ("b", 10)) for i in range(n)
-                  for k in ("half", "end"))
+                  for k in (EventKind.HALF, EventKind.END))
     assert got == want
 
 
@@ -234,11 +245,8 @@ def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice | SliceGroup,
 
 def _event_struct() -> StructType:
     """EVENT_SCHEMA as the StructType Spark hands to workers (parsing DDL needs the JVM)."""
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    types = {"string": StringType(), "boolean": BooleanType(), "int": IntegerType(),
-             "bigint": LongType(), "binary": BinaryType(),
-             "map<string,string>": MapType(StringType(), StringType()),
-             "array<struct<key:string,value:binary>>": ArrayType(header)}
+    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
+             "binary": BinaryType(), "string": StringType()}
     return StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
 
 
@@ -294,13 +302,15 @@ def test_unreadable_record_becomes_malformed_instead_of_stopping_the_source(
                 rows[(row["src_partition"], row["src_offset"])] = row
     assert time.monotonic() - began < 10
     assert sorted(rows) == [(p, o) for p in (0, 1) for o in range(3)]  # each offset once
-    assert [rows[(0, o)]["kind"] for o in range(3)] == ["end", "malformed", "end"]
+    assert {row["kind"] for row in rows.values()} == {EventKind.END}
+    assert [rows[(0, o)]["error"] is None for o in range(3)] == [True, False, True]
     bad = rows[(0, 1)]
     assert bad["error"].startswith("unreadable record (CorruptRecordError")
-    assert (bad["raw_key"], bad["raw_value"], bad["src_topic"]) == (None, b"", topics.end)
+    assert (bad["key"], bad["value"], bad["state_key"]) == (None, None, UNROUTABLE)
+    assert rows[(0, 2)]["key"] == b"b" and rows[(0, 2)]["state_key"] != UNROUTABLE
     # kafka-python cannot parse past a bad record inside its batch: the rest of that batch is
     # dead-lettered as unreadable (with its offsets) rather than lost or blocking.
-    assert [rows[(1, o)]["kind"] for o in range(3)] == ["end", "malformed", "malformed"]
+    assert [rows[(1, o)]["error"] is None for o in range(3)] == [True, False, False]
 
 
 def test_spread_budget_is_fair_and_never_exceeds() -> None:

@@ -15,11 +15,17 @@ from typing import Any
 
 from txstream.errors import BrokerUnavailable, ConfigError
 
-__all__ = ["KafkaSettings", "make_producer", "make_consumer", "make_admin", "wait_for_broker"]
+__all__ = ["KafkaSettings", "make_producer", "make_consumer", "make_admin", "wait_for_broker",
+           "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
 log = logging.getLogger(__name__)
 
 _SECURITY = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# Readers of known ranges let the broker hold a fetch only ~5 ms (fast tails). A broker on slow
+# storage (tansu on S3) answers such fetches empty while it is still reading, again and again:
+# after this long without progress a reader is rebuilt with a patient fetch wait.
+PATIENT_AFTER_S = 1.0
+PATIENT_FETCH_WAIT_MS = 500
 
 
 @dataclass(frozen=True)

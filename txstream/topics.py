@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from txstream.errors import ConfigError
 
@@ -35,7 +36,7 @@ def validate_group(group: str) -> str:
     """Return ``group`` if it can name a producer group (and thus a check topic)."""
     if not isinstance(group, str) or not group:
         raise ConfigError("producer group must be a non-empty string")
-    if len(group) > _MAX_GROUP or not _NAME.match(group):
+    if not _legal_group(group):
         raise ConfigError(
             f"producer group {group!r} must be 1-{_MAX_GROUP} characters of [A-Za-z0-9._-]"
         )
@@ -46,9 +47,21 @@ def validate_topic(topic: str) -> str:
     """Return ``topic`` if Kafka accepts it as a topic name."""
     if not isinstance(topic, str) or not topic:
         raise ConfigError("topic must be a non-empty string")
-    if len(topic) > 249 or not _NAME.match(topic) or topic in (".", ".."):
+    if not _legal_topic(topic):
         raise ConfigError(f"topic {topic!r} must be 1-249 characters of [A-Za-z0-9._-]")
     return topic
+
+
+# Every record the coordinator reads or writes names a topic and a group, and few distinct
+# names exist: remembering the answer saves a regular expression per record.
+@lru_cache(maxsize=4096)
+def _legal_group(group: str) -> bool:
+    return len(group) <= _MAX_GROUP and bool(_NAME.match(group))
+
+
+@lru_cache(maxsize=4096)
+def _legal_topic(topic: str) -> bool:
+    return len(topic) <= 249 and bool(_NAME.match(topic)) and topic not in (".", "..")
 
 
 @dataclass(frozen=True)

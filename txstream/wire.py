@@ -37,6 +37,9 @@ __all__ = [
     "headers_tuple",
     "pack_headers",
     "unpack_headers",
+    "packed_header_dict",
+    "half_from_text",
+    "end_from_text",
 ]
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -207,7 +210,13 @@ def decode_half(
     headers: Iterable[tuple[str, bytes | None]] | None,
     max_body: int = MAX_BODY_BYTES,
 ) -> Message:
-    h = header_dict(headers)
+    return half_from_text(key, value, header_dict(headers), max_body)
+
+
+def half_from_text(
+    key: bytes | None, value: bytes | None, h: Mapping[str, str], max_body: int = MAX_BODY_BYTES
+) -> Message:
+    """A half message from its key, value and headers already decoded to text."""
     if h.get(H.TRAN_MSG, "").lower() != "true":
         raise MalformedRecord(f"unknown event type on the half topic: {H.TRAN_MSG} is not 'true'")
     topic = h.get(H.REAL_TOPIC)
@@ -257,7 +266,11 @@ def encode_end(event: EndEvent, topics: Topics) -> Record:
 def decode_end(
     key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None
 ) -> EndEvent:
-    h = header_dict(headers)
+    return end_from_text(key, value, header_dict(headers))
+
+
+def end_from_text(key: bytes | None, value: bytes | None, h: Mapping[str, str]) -> EndEvent:
+    """An end event from its key, value and headers already decoded to text."""
     txid = _txid(key, h)
     raw = h.get(H.COMMIT_OR_ROLLBACK)
     if raw is None:
@@ -416,43 +429,61 @@ _PACKED = struct.Struct(">HI")
 
 
 def pack_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
-    """Headers as one byte string, the way the coordinator's output rows carry them.
+    """Headers as one byte string, the way the source and the operator's output rows carry them.
 
     A list of (name, value) structs costs Spark's pandas-to-Arrow conversion a Python call per
     header of every record; one binary column costs it nothing. ``None`` values become empty,
     as Kafka clients write them anyway.
     """
-    out = bytearray()
+    parts: list[bytes] = []
     for name, value in headers:
         raw = name.encode("utf-8")
         value = value or b""
-        out += _PACKED.pack(len(raw), len(value))
-        out += raw
-        out += value
-    return bytes(out)
+        parts += (_PACKED.pack(len(raw), len(value)), raw, value)
+    return b"".join(parts)
+
+
+def _packed(blob: object) -> bytes:
+    if not isinstance(blob, _BYTES):
+        raise MalformedRecord(f"packed headers are {type(blob).__name__}, not bytes")
+    return bytes(blob)
+
+
+def _walk_packed(blob: bytes) -> Iterable[tuple[str, bytes]]:
+    unpack_from, size = _PACKED.unpack_from, _PACKED.size
+    at, end = 0, len(blob)
+    while at < end:
+        if end - at < size:
+            raise MalformedRecord("packed headers end inside a header's lengths")
+        name_len, value_len = unpack_from(blob, at)
+        at += size
+        name_end = at + name_len
+        value_end = name_end + value_len
+        if value_end > end:
+            raise MalformedRecord("packed headers end inside a header")
+        try:
+            name = blob[at:name_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord("a packed header's name is not UTF-8") from None
+        yield name, blob[name_end:value_end]
+        at = value_end
 
 
 def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
     """The headers :func:`pack_headers` packed; raises MalformedRecord on anything else."""
     if blob is None:
         return []
-    if not isinstance(blob, _BYTES):
-        raise MalformedRecord(f"packed headers are {type(blob).__name__}, not bytes")
-    view = memoryview(blob)
-    out: list[tuple[str, bytes]] = []
-    at, end = 0, len(view)
-    while at < end:
-        if end - at < _PACKED.size:
-            raise MalformedRecord("packed headers end inside a header's lengths")
-        name_len, value_len = _PACKED.unpack_from(view, at)
-        at += _PACKED.size
-        if end - at < name_len + value_len:
-            raise MalformedRecord("packed headers end inside a header")
+    return list(_walk_packed(_packed(blob)))
+
+
+def packed_header_dict(blob: bytes | None) -> dict[str, str]:
+    """:func:`header_dict` of packed headers, in one pass."""
+    if blob is None:
+        return {}
+    out: dict[str, str] = {}
+    for name, raw in _walk_packed(_packed(blob)):
         try:
-            name = str(view[at:at + name_len], "utf-8")
+            out[name] = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise MalformedRecord("a packed header's name is not UTF-8") from None
-        at += name_len
-        out.append((name, bytes(view[at:at + value_len])))
-        at += value_len
+            raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
     return out
