@@ -55,8 +55,12 @@ def build_session(
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.python.worker.reuse", "true")
+        # Spark's default; unix sockets measured no better here (BENCHMARKS.md, Defaults).
         .config("spark.python.unix.domain.socket.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Arrow batches of 2,000 rows, not 10,000: the sink starts on the operator's output
+        # sooner, so the two overlap within a task (BENCHMARKS.md, Defaults).
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "30s")
         # The default (FileContext-based) manager has Hadoop's local file system fork `chmod`
         # and `readlink` for every checkpoint and state file it writes (pyspark ships no native

@@ -113,6 +113,11 @@ class EmbeddedBroker:
             proc.wait(timeout=5)
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (for measuring its CPU)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
