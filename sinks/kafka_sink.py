@@ -256,8 +256,10 @@ def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
 
 def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     """Send the rows of Arrow ``batches`` as each arrives, so that sending overlaps the work
-    that produces the next; one flush at the end. A task that may be writing a replayed batch
-    reads everything first: what its first run wrote is found by the ids of the whole batch."""
+    that produces the next; one flush at the end. A row that can never be written fails the
+    task after the batches before it were sent; the retry or restart is a replay, and replays
+    skip what was written. A task that may be writing a replayed batch reads everything first:
+    what its first run wrote is found by the ids of the whole batch."""
     if options.replay_check and replay_suspected():
         return send_rows(options, _rows(batches))
     delivery = _Delivery(options)

@@ -477,13 +477,5 @@ def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
 
 
 def packed_header_dict(blob: bytes | None) -> dict[str, str]:
-    """:func:`header_dict` of packed headers, in one pass."""
-    if blob is None:
-        return {}
-    out: dict[str, str] = {}
-    for name, raw in _walk_packed(_packed(blob)):
-        try:
-            out[name] = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
-    return out
+    """:func:`header_dict` of packed headers."""
+    return {} if blob is None else header_dict(_walk_packed(_packed(blob)))
