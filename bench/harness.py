@@ -33,6 +33,7 @@ def session_for(config: RunConfig, driver_memory: str) -> tuple[Any, BatchLog]:
     spark = build_session(
         shuffle_partitions=config.shuffle_partitions,
         state_store=config.state_store,
+        jit=config.jit,
         app_name="txstream-bench",
         extra={"spark.driver.memory": driver_memory},
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 from typing import Any
 
@@ -83,8 +82,6 @@ def bench_command(args: argparse.Namespace) -> int:
     from bench.report import format_table
     from bench.runner import BenchOptions, run_bench
 
-    # pandas' FutureWarnings from inside pyspark, printed by every Python worker: noise here.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     # SIGTERM unwinds like Ctrl-C: the broker, the queries and the point processes are stopped.
     signal.signal(signal.SIGTERM, _interrupt)
     logging.getLogger("py4j").setLevel(logging.ERROR)

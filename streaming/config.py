@@ -15,6 +15,7 @@ from typing import Any
 
 from state.keys import KeyLayout
 from state.policy import Policy
+from streaming.session import JIT_OPTIONS
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
@@ -61,6 +62,7 @@ class RunConfig:
     buckets: int = 16
     shuffle_partitions: int = 2
     state_store: str = "default"  # or "rocksdb"
+    jit: str = "c1"  # the JVM's compilers: "c1" (quick, least CPU) or "tiered" (streaming.session)
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
     history: bool = True  # write every transition to the history topic (txstream history)
@@ -79,6 +81,8 @@ class RunConfig:
             raise ConfigError("shuffle partitions must be at least 1")
         if self.state_store not in ("default", "rocksdb"):
             raise ConfigError("state store must be 'default' or 'rocksdb'")
+        if self.jit not in JIT_OPTIONS:
+            raise ConfigError(f"jit must be one of {', '.join(JIT_OPTIONS)}, not {self.jit!r}")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
 
@@ -125,6 +129,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="state keys for transaction ids that carry no time (default 16)")
     p.add_argument("--shuffle-partitions", type=int, default=_env("shuffle-partitions"))
     p.add_argument("--state-store", choices=("default", "rocksdb"), default=_env("state-store"))
+    p.add_argument("--jit", choices=tuple(JIT_OPTIONS), default=_env("jit"),
+                   help="the JVM's compilers: c1 (default: quick, least CPU on small machines) "
+                        "or tiered (the JVM's default, C2 too)")
     p.add_argument("--max-offsets-per-trigger", type=int,
                    default=_env("max-offsets-per-trigger"))
     p.add_argument("--topic-prefix", default=_env("topic-prefix") or "",
@@ -189,8 +196,8 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
     if getattr(args, "key_window", None) is not None:
         changes["key_window_ms"] = parse_duration_ms(args.key_window)
     for name in ("buckets", "key_shards", "shuffle_partitions", "state_store",
-                 "max_offsets_per_trigger"):
-        value = getattr(args, name)
+                 "max_offsets_per_trigger", "jit"):
+        value = getattr(args, name, None)
         if value is not None:
-            changes[name] = int(value) if name != "state_store" else value
+            changes[name] = value if name in ("state_store", "jit") else int(value)
     return RunConfig(**changes)

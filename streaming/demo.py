@@ -280,8 +280,6 @@ def _start_coordinator(args: argparse.Namespace, settings: KafkaSettings, topics
         f"transaction timeout {args.transaction_timeout}, check interval "
         f"{args.check_interval}, check max {args.check_max})")
     emit = (lambda s: say(f"coordinator  {s}")) if args.verbose else None
-    # pandas' FutureWarnings from inside pyspark, printed by every Python worker: noise here.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     coordinator = Coordinator(config, emit=emit)
     stack.callback(logging.disable, logging.NOTSET)
     try:

@@ -47,6 +47,7 @@ class Coordinator:
         self.spark = build_session(
             shuffle_partitions=self.config.shuffle_partitions,
             state_store=self.config.state_store,
+            jit=self.config.jit,
         )
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         self.spark.streams.addListener(self.listener)

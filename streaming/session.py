@@ -7,9 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_session", "LOG4J_CONFIG"]
+__all__ = ["build_session", "LOG4J_CONFIG", "JIT_OPTIONS"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
+
+# The JVM's just-in-time compilers. "c1": the quick compiler only. Every micro-batch runs tens of
+# thousands of Spark methods (analysis, planning, scheduling, state store), and with the JVM's
+# default tiered compilation the optimizing compiler (C2) kept compiling them for minutes after
+# the start, 0.2-0.5 of this 2-core machine's cores; with C1 only the JVM settles in seconds and
+# the coordinator released 24-34 % more per second (BENCHMARKS.md, section 13). "tiered": the
+# JVM's default, for machines with cores to spare and jobs that run for days.
+JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
+
+_PYSPARK_PANDAS_WARNING = "ignore:The behavior of DataFrame concatenation:FutureWarning"
 
 
 def _env_settings() -> dict[str, str]:
@@ -27,11 +37,15 @@ def build_session(
     state_store: str = "default",
     app_name: str = "txstream",
     extra: dict[str, Any] | None = None,
+    jit: str = "c1",
 ) -> Any:
     """A SparkSession (``getOrCreate``): quiet logs, few shuffle partitions, worker reuse on.
 
     ``shuffle_partitions`` and ``state_store`` are fixed in a query's checkpoint on its first
     run; Spark's default of 200 partitions made a batch 18x slower than 2 here.
+
+    ``jit``: a key of :data:`JIT_OPTIONS`; like the two above, it only takes effect when this
+    call starts the JVM.
 
     ``master``: None is ``local[2]`` on loopback, unless ``spark-submit`` started this driver
     (it sets ``PYSPARK_GATEWAY_PORT``): then its ``--master`` and network settings stand, since
@@ -41,11 +55,17 @@ def build_session(
     # Driver-side Python (the data source reader) must start this interpreter, not the system one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # pandas warns from inside pyspark's applyInPandasWithState serializer (its concat of empty
+    # frames) in every Python worker, every micro-batch: pyspark's code, not ours, and a long
+    # job's log would be mostly that. The workers inherit this filter.
+    os.environ.setdefault("PYTHONWARNINGS", _PYSPARK_PANDAS_WARNING)
     if not submitted:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+    if jit not in JIT_OPTIONS:
+        raise ValueError(f"jit must be one of {sorted(JIT_OPTIONS)}, got {jit!r}")
+    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {JIT_OPTIONS[jit]}".strip()
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -1,0 +1,98 @@
+"""How a fresh coordinator settles: micro-batch time and JIT-compiler CPU, minute by minute.
+
+``python -m bench.warmup [--minutes 8] [--rate 1000] [any flag of txstream run, e.g. --jit]``
+
+Starts its own broker and a coordinator on fresh topics, offers ``--rate`` committed tx/s the
+way the client library sends them, and prints per minute: the busy micro-batches' p50/p90
+duration, the cores the JVM used, and of them the cores its just-in-time compiler threads
+used. ``txstream bench`` measures a JVM in its first two minutes; this shows how much of
+that is the JVM warming up, and what is left once it has (compare ``--jit c1`` and
+``--jit tiered``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.batches import percentile
+from bench.coordinator_phases import _offer, _Offered
+from bench.harness import Harness
+from bench.procmem import spark_jvm_pid
+from bench.runner import _names, _prepare
+from streaming.config import add_run_arguments, config_from_args
+from txstream.broker import EmbeddedBroker
+
+__all__ = ["main", "jvm_thread_cpu_s"]
+
+
+def jvm_thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the whole process ``pid`` and of its JIT compiler threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = compilers = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended between listing and reading
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])
+        total += ticks
+        if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
+            compilers += ticks
+    return total / tick, compilers / tick
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=1000.0, help="committed tx/s offered")
+    add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    with EmbeddedBroker() as broker:
+        config = config_from_args(args, broker.bootstrap_servers)
+        workload = _names("wu")
+        _prepare(config.kafka, workload, 0, config.topic_partitions)
+        cfg = config.with_(topics=workload.topics,
+                           checkpoint_dir=Path(tempfile.mkdtemp(prefix="txstream-warmup-")))
+        harness = Harness(cfg).start()
+        pid = spark_jvm_pid()
+        assert pid is not None and harness.log is not None
+        offer = threading.Thread(
+            target=_offer, daemon=True,
+            args=(config.kafka, workload, args.rate, args.minutes * 60.0, 0, _Offered()))
+        offer.start()
+        print(f"jit {cfg.jit}, {args.rate:,.0f} tx/s offered")
+        print(f"{'minute':>6}  {'batches':>7}  {'p50 ms':>7}  {'p90 ms':>7}  "
+              f"{'JVM cores':>9}  {'JIT cores':>9}")
+        try:
+            for minute in range(args.minutes):
+                mark = harness.log.mark()
+                cpu, jit = jvm_thread_cpu_s(pid)
+                time.sleep(60)
+                cpu_after, jit_after = jvm_thread_cpu_s(pid)
+                busy = [b.duration_ms for b in harness.log.of(cfg.query_name, mark)
+                        if b.input_rows]
+                p50, p90 = percentile(busy, 0.5), percentile(busy, 0.9)
+                print(f"{minute + 1:>6}  {len(busy):>7}  {p50 or 0:>7.0f}  {p90 or 0:>7.0f}  "
+                      f"{(cpu_after - cpu) / 60:>9.2f}  {(jit_after - jit) / 60:>9.2f}",
+                      flush=True)
+                failure = harness.coordinator.failure()
+                if failure:
+                    print(f"coordinator failed: {failure}", file=sys.stderr)
+                    return 1
+        finally:
+            harness.stop()
+            shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
