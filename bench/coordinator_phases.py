@@ -26,7 +26,7 @@ from txstream.message import Decision
 from txstream.wire import H, decode_history
 
 __all__ = ["ThroughputResult", "LatencyResult", "measure_throughput", "measure_latency",
-           "summary"]
+           "summary", "Offered", "offer_load"]
 
 
 def summary(values: list[float]) -> dict[str, float | int | None]:
@@ -102,7 +102,7 @@ class LatencyResult:
     missing: list[str] = field(default_factory=list)
 
 
-class _Offered:
+class Offered:
     """What the latency phase sent and what came back, keyed by transaction id."""
 
     def __init__(self) -> None:
@@ -122,8 +122,9 @@ class _Offered:
                 self.checks.setdefault(rec.key.decode(), int(rec.timestamp))
 
 
-def _offer(settings: KafkaSettings, workload: Workload, rate: float, seconds: float,
-           unknown_every: int, offered: _Offered) -> None:
+def offer_load(settings: KafkaSettings, workload: Workload, rate: float, seconds: float,
+               unknown_every: int, offered: Offered) -> None:
+    """Send ``rate`` transactions a second for ``seconds``, recording them in ``offered``."""
     # As the client library (acks=all, idempotent). The latency is counted from the commit's
     # acknowledgement, so batching the sends for 10 ms does not bias it; it only keeps this load
     # generator's own CPU, on the coordinator's two cores, small.
@@ -145,7 +146,7 @@ def _offer(settings: KafkaSettings, workload: Workload, rate: float, seconds: fl
 
 
 def _offer_one(producer: Any, workload: Workload, i: int, unknown_every: int,
-               offered: _Offered) -> None:
+               offered: Offered) -> None:
     txid = workload.txid("lat", i)
     born = now_ms()
     half = workload.half(txid, born)
@@ -183,14 +184,14 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
                     rate: float, seconds: float, unknown_every: int) -> LatencyResult:
     """Offer ``rate`` tx/s for ``seconds`` to the running coordinator of ``harness``."""
     timeout_ms = harness.config.policy.transaction_timeout
-    offered = _Offered()
+    offered = Offered()
     history_start = high_watermarks(settings, workload.topics.history)
     check_topic = workload.topics.check(workload.group)
     reader = TopicReader(settings, [workload.real_topic, check_topic], offered.on_record)
     mark = harness.log.mark() if harness.log else 0
     reader.start()
     try:
-        _offer(settings, workload, rate, seconds, unknown_every, offered)
+        offer_load(settings, workload, rate, seconds, unknown_every, offered)
         committed = set(offered.born) - offered.unknown
 
         def done() -> bool:

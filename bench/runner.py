@@ -25,7 +25,7 @@ from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.topics import Topics
 
-__all__ = ["BenchOptions", "run_bench", "PHASES"]
+__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,15 @@ class BenchOptions:
     phases: tuple[str, ...] = ("pipe", "coordinator", "pending")
 
 
-def _names(tag: str) -> Workload:
+def fresh_workload(tag: str) -> Workload:
+    """Names of their own (topics, group) for one phase."""
     prefix = f"{tag}{uuid.uuid4().hex[:8]}_"
     return Workload(Topics.with_prefix(prefix), f"{prefix}group", f"{prefix}real")
 
 
-def _prepare(settings: KafkaSettings, workload: Workload, n: int, partitions: int) -> None:
+def prepare_topics(settings: KafkaSettings, workload: Workload, n: int,
+                   partitions: int) -> None:
+    """Create the workload's topics and put ``n`` committed transactions in them."""
     create_topics(settings, [*workload.topics.system(), workload.real_topic,
                              workload.topics.check(workload.group)], partitions)
     producer = BulkProducer(settings)
@@ -66,8 +69,8 @@ def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
     for processes in (1, min(2, partitions)):
         if str(processes) in out:
             continue
-        workload = _names("raw")
-        _prepare(settings, workload, n, partitions)
+        workload = fresh_workload("raw")
+        prepare_topics(settings, workload, n, partitions)
         result = run_raw_pipe(settings, workload.topics,
                               high_watermarks(settings, workload.topics.end), processes)
         out[str(processes)] = result.tx_per_s
@@ -135,13 +138,13 @@ def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any
                  stack: ExitStack, say: Callable[[str], None]) -> None:
     """Throughput over a backlog, then latency and check lateness at a fixed offered rate."""
     n = options.transactions
-    workload = _names("co")
+    workload = fresh_workload("co")
     checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-cp-"))
     stack.callback(shutil.rmtree, checkpoint, True)
     cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
                        query_name=f"bench-{uuid.uuid4().hex[:6]}")
     say(f"coordinator: loading a backlog of {n} committed transactions")
-    _prepare(config.kafka, workload, n, cfg.topic_partitions)
+    prepare_topics(config.kafka, workload, n, cfg.topic_partitions)
     harness = Harness(cfg, options.driver_memory)
     stack.callback(harness.stop)
     say("coordinator: starting; throughput over the backlog")

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from bench.batches import percentile
-from bench.coordinator_phases import _offer, _Offered
+from bench.coordinator_phases import Offered, offer_load
 from bench.harness import Harness
 from bench.procmem import spark_jvm_pid
-from bench.runner import _names, _prepare
+from bench.runner import fresh_workload, prepare_topics
 from streaming.config import add_run_arguments, config_from_args
 from txstream.broker import EmbeddedBroker
 
@@ -58,16 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with EmbeddedBroker() as broker:
         config = config_from_args(args, broker.bootstrap_servers)
-        workload = _names("wu")
-        _prepare(config.kafka, workload, 0, config.topic_partitions)
+        workload = fresh_workload("wu")
+        prepare_topics(config.kafka, workload, 0, config.topic_partitions)
         cfg = config.with_(topics=workload.topics,
                            checkpoint_dir=Path(tempfile.mkdtemp(prefix="txstream-warmup-")))
         harness = Harness(cfg).start()
         pid = spark_jvm_pid()
         assert pid is not None and harness.log is not None
         offer = threading.Thread(
-            target=_offer, daemon=True,
-            args=(config.kafka, workload, args.rate, args.minutes * 60.0, 0, _Offered()))
+            target=offer_load, daemon=True,
+            args=(config.kafka, workload, args.rate, args.minutes * 60.0, 0, Offered()))
         offer.start()
         print(f"jit {cfg.jit}, {args.rate:,.0f} tx/s offered")
         print(f"{'minute':>6}  {'batches':>7}  {'p50 ms':>7}  {'p90 ms':>7}  "
