@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["descendants", "tree_rss_mb", "tree_cpu_s", "spark_jvm_pid"]
+__all__ = ["descendants", "tree_rss_mb", "tree_cpu_s", "thread_cpu_s", "spark_jvm_pid"]
 
 
 def _children() -> dict[int, list[int]]:
@@ -57,6 +58,24 @@ def _cpu_ticks(pid: int) -> int:
         return sum(int(x) for x in fields[11:15])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def thread_cpu_s(pid: int) -> tuple[float, dict[str, float]]:
+    """CPU seconds so far of process ``pid`` (every thread it ever ran) and of its live
+    threads, summed by thread name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_name: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended between listing and reading
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick, by_name
 
 
 def tree_cpu_s(pid: int) -> float:

@@ -13,7 +13,6 @@ that is the JVM warming up, and what is left once it has (compare ``--jit c1`` a
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -24,30 +23,19 @@ from pathlib import Path
 from bench.batches import percentile
 from bench.coordinator_phases import Offered, offer_load
 from bench.harness import Harness
-from bench.procmem import spark_jvm_pid
+from bench.procmem import spark_jvm_pid, thread_cpu_s
 from bench.runner import fresh_workload, prepare_topics
 from streaming.config import add_run_arguments, config_from_args
 from txstream.broker import EmbeddedBroker
 
-__all__ = ["main", "jvm_thread_cpu_s"]
+__all__ = ["main", "jvm_cpu_s"]
 
 
-def jvm_thread_cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of the whole process ``pid`` and of its JIT compiler threads."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = compilers = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:  # the thread ended between listing and reading
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])
-        total += ticks
-        if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
-            compilers += ticks
-    return total / tick, compilers / tick
+def jvm_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the JVM ``pid`` and of its live JIT compiler threads."""
+    total, threads = thread_cpu_s(pid)
+    return total, sum(v for name, v in threads.items()
+                      if name.startswith(("C1 CompilerThre", "C2 CompilerThre")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for minute in range(args.minutes):
                 mark = harness.log.mark()
-                cpu, jit = jvm_thread_cpu_s(pid)
+                cpu, jit = jvm_cpu_s(pid)
                 time.sleep(60)
-                cpu_after, jit_after = jvm_thread_cpu_s(pid)
+                cpu_after, jit_after = jvm_cpu_s(pid)
                 busy = [b.duration_ms for b in harness.log.of(cfg.query_name, mark)
                         if b.input_rows]
                 p50, p90 = percentile(busy, 0.5), percentile(busy, 0.9)

@@ -197,7 +197,7 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
         changes["key_window_ms"] = parse_duration_ms(args.key_window)
     for name in ("buckets", "key_shards", "shuffle_partitions", "state_store",
                  "max_offsets_per_trigger", "jit"):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None:
             changes[name] = value if name in ("state_store", "jit") else int(value)
     return RunConfig(**changes)
