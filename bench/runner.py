@@ -127,6 +127,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
         "max_offsets_per_trigger": config.max_offsets_per_trigger,
         "topic_partitions": config.topic_partitions, "history": config.history,
         "transaction_timeout_ms": config.policy.transaction_timeout,
+        "timer_lead_ms": config.policy.timer_lead,
         "unknown_every": options.unknown_every, "pending_rate": options.pending_rate,
         "phases": list(options.phases),
     }

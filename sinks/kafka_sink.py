@@ -15,6 +15,9 @@ A replayed batch writes nothing twice: its records carry the ids the operator ga
 (``record_id``, equal in a replay), and a task that may be re-running a batch first reads
 what is already on its topics and leaves those records out (:mod:`sinks.replay`). Option
 ``replay_check=false`` turns that off (measurements only: a restart then duplicates).
+
+A row with ``not_before_ms`` (a timer's record made ahead of its deadline) is sent no earlier
+than that: a back-check never reaches a producer before its transaction's check time.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -49,7 +53,7 @@ log = logging.getLogger(__name__)
 
 SINK_NAME = "txstream-records"
 # Rows as send_rows takes them; record_id and batch_ms let a replay find what was written.
-_COLUMNS = ("kind", "topic", "key", "value", "headers", "record_id", "batch_ms")
+_COLUMNS = ("kind", "topic", "key", "value", "headers", "record_id", "batch_ms", "not_before_ms")
 _MAX_ERRORS_SHOWN = 3
 
 
@@ -189,15 +193,39 @@ def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
     return kept
 
 
+def _wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
+    """How long until ``not_before_ms`` (a timer's deadline, at most the lead past the batch's
+    start: a worker whose clock runs behind the driver's waits no longer than that)."""
+    wait_ms = not_before_ms - time.time() * 1000
+    if batch_ms is not None:
+        wait_ms = min(wait_ms, not_before_ms - batch_ms)
+    return wait_ms
+
+
 class _Delivery:
-    """The records one task sends, acknowledged all together at the end (:meth:`finish`)."""
+    """The records one task sends, acknowledged all together at the end (:meth:`finish`).
+
+    A record that must wait for its deadline (``not_before_ms``) is put aside and sent at the
+    end, in deadline order: waiting for it never delays the records behind it.
+    """
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.futures: list[tuple[str, Any]] = []
         self.counts: Counter[str] = Counter()
+        self.held: list[tuple[int, int, tuple[Any, ...]]] = []
 
     def send(self, rows: list[tuple[Any, ...]]) -> None:
+        now: list[tuple[Any, ...]] = []
+        for row in rows:
+            not_before = row[7] if len(row) > 7 else None
+            if not_before is not None and _wait_ms(not_before, row[6]) > 0:
+                self.held.append((not_before, len(self.held), row))
+            else:
+                now.append(row)
+        self._send_now(now)
+
+    def _send_now(self, rows: list[tuple[Any, ...]]) -> None:
         topic = None
         try:
             producer = _producer(self.options)
@@ -214,8 +242,18 @@ class _Delivery:
             raise SendFailed(f"sending record {len(self.futures) + 1} (topic {topic}) "
                              f"failed: {type(exc).__name__}: {exc}") from exc
 
+    def _send_held(self) -> None:
+        for not_before, _, row in sorted(self.held):
+            wait_ms = _wait_ms(not_before, row[6])
+            if wait_ms > 0:
+                time.sleep(wait_ms / 1000)
+            self._send_now([row])
+        self.held = []
+
     def finish(self) -> dict[str, int]:
-        """Flush; raise SendFailed unless the broker acknowledged every record."""
+        """Send what was held, flush; raise SendFailed unless the broker acknowledged every
+        record."""
+        self._send_held()
         try:
             _producer(self.options).flush(timeout=self.options.flush_timeout_s)
         except Exception as exc:
@@ -243,8 +281,9 @@ def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
-    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms])`` rows; raise
-    SendFailed unless all were acked. Nothing is sent when any row can never be written."""
+    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms[, not_before_ms]])``
+    rows; raise SendFailed unless all were acked. Nothing is sent when any row can never be
+    written."""
     rows = _checked(rows)
     total = len(rows)
     if options.replay_check and replay_suspected():

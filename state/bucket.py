@@ -97,14 +97,21 @@ class Bucket:
 
     def fire_due(self, now: int, policy: Policy) -> list[Effect]:
         """Run every timer that is due at ``now``."""
-        effects: list[Effect] = []
+        return [effect for _, effects in self.run_timers(now, 0, policy) for effect in effects]
+
+    def run_timers(self, now: int, lead: int, policy: Policy) -> list[tuple[int, list[Effect]]]:
+        """Run every timer due by ``now + lead``, in deadline order, each as of
+        ``max(now, deadline)``: returns that time with each timer's effects, which must not
+        take effect before it (``Policy.timer_lead``)."""
+        fired: list[tuple[int, list[Effect]]] = []
         due = [(_deadline(held), txid) for txid, held in self._held.items()
-               if _deadline(held) <= now]
-        for _, txid in sorted(due):
-            new, more = on_timeout(self._decoded(txid), now, policy)
+               if _deadline(held) <= now + lead]
+        for deadline, txid in sorted(due):
+            at = max(now, deadline)
+            new, effects = on_timeout(self._decoded(txid), at, policy)
             self._store(txid, new)
-            effects.extend(more)
-        return effects
+            fired.append((at, effects))
+        return fired
 
     def next_deadline(self) -> int | None:
         return min((_deadline(held) for held in self._held.values()), default=None)

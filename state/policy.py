@@ -22,10 +22,16 @@ class Policy:
     | reserved_time         | fileReservedTime           | 72 h    |
     | orphan_end_timeout    | (none: txstream)           | 60 s    |
     | resolved_retention    | (none: txstream)           | 120 s   |
+    | timer_lead            | (none: txstream)           | 500 ms  |
 
     ``orphan_end_timeout``: how long an end event waits for its half message before it goes to
     the dead-letter topic. ``resolved_retention``: how long a resolved transaction is remembered
     so that duplicates and conflicting decisions are recognised.
+
+    ``timer_lead``: a timer due within this long after a micro-batch's start runs in that batch,
+    as of its deadline, and what it writes is held back until the deadline. Without it a timer
+    waits for the first batch that starts after its deadline, and its records come at the end of
+    that batch: up to two batch durations late. 0 runs timers only once due.
     """
 
     transaction_timeout: int = 6 * SECOND
@@ -34,6 +40,7 @@ class Policy:
     reserved_time: int = 72 * HOUR
     orphan_end_timeout: int = 60 * SECOND
     resolved_retention: int = 120 * SECOND
+    timer_lead: int = 500
 
     def __post_init__(self) -> None:
         for name in (
@@ -45,5 +52,7 @@ class Policy:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.timer_lead < 0:
+            raise ValueError("timer_lead must not be negative")
         if self.check_max < 0:
             raise ValueError("check_max must not be negative")

@@ -103,6 +103,8 @@ _OPTIONS: list[tuple[str, str, str]] = [
     ("reserved-time", "duration", "discard half messages older than this (fileReservedTime)"),
     ("orphan-end-timeout", "duration", "how long an end event waits for its half message"),
     ("resolved-retention", "duration", "how long resolved transactions are remembered"),
+    ("timer-lead", "duration", "timers due this soon after a micro-batch starts run in it; "
+                               "their records wait for the deadline (0: off)"),
 ]
 
 

@@ -1,9 +1,10 @@
 """The ``applyInPandasWithState`` function: a thin adapter around the pure core.
 
 Per call (one state key, one micro-batch): decode the key's state, decode each record
-(:func:`sources.events.parse_event`) and apply it, run the timers that are due, encode the
-state back, arm the key's processing-time timeout at its earliest transaction deadline, and
-turn the core's effects into records to write. ``now`` is Spark's batch timestamp, which a
+(:func:`sources.events.parse_event`) and apply it, run the timers that are due (or due within
+``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
+earliest transaction deadline less that lead, and turn the core's effects into records to
+write. ``now`` is Spark's batch timestamp, which a
 replayed batch keeps, so a replay emits exactly what the first run emitted, under the same
 record ids (:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
 """
@@ -44,8 +45,8 @@ __all__ = ["coordinator_function", "coordinator_tag", "history_row", "records_fo
 
 _OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
 _INPUT = ("kind", "src_partition", "src_offset", "key", "value", "headers", "error")
-# (kind, record, lag_ms, counts of history events or None)
-_Row = tuple[str, Record, int | None, dict[str, int] | None]
+# (kind, record, lag_ms, counts of history events or None, not before this time (ms) or None)
+_Row = tuple[str, Record, int | None, dict[str, int] | None, int | None]
 
 
 def _source_topic(kind: int, topics: Topics) -> str:
@@ -61,7 +62,7 @@ def _dead_letter(kind: int, key: Any, value: Any, headers: Any, partition: int, 
         original_headers = ()
     original = Record(_source_topic(kind, topics), key, value, original_headers)
     return (Kind.DEAD_LETTER, encode_dead_letter(original, reason, partition, offset, topics),
-            None, None)
+            None, None, None)
 
 
 def records_for(
@@ -69,19 +70,21 @@ def records_for(
     now: int,
     topics: Topics,
     origin: tuple[Any, int, int] | None = None,
+    not_before: int | None = None,
 ) -> Iterator[_Row]:
     """The records the core's effects ask for, history notes aside (:func:`history_row`).
-    ``origin``: (event, partition, offset) read."""
+    ``origin``: (event, partition, offset) read; ``not_before``: the sink holds the records
+    until then (a timer run ahead of its deadline)."""
     for effect in effects:
         if isinstance(effect, Release):
             lag = now - effect.committed_at if effect.committed_at is not None else None
-            yield (Kind.VISIBLE, encode_visible(effect.message), lag, None)
+            yield (Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before)
         elif isinstance(effect, RequestCheck):
             record = encode_check(effect.message, effect.check_times, topics)
-            yield (Kind.CHECK, record, effect.late_ms, None)
+            yield (Kind.CHECK, record, effect.late_ms, None, not_before)
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
-            yield (Kind.DISCARD, record, None, None)
+            yield (Kind.DISCARD, record, None, None, not_before)
         elif isinstance(effect, DeadLetter):
             event = effect.event
             original = (
@@ -92,7 +95,7 @@ def records_for(
             if origin is not None and origin[0] is event:
                 partition, offset = origin[1], origin[2]
             record = encode_dead_letter(original, effect.reason, partition, offset, topics)
-            yield (Kind.DEAD_LETTER, record, None, None)
+            yield (Kind.DEAD_LETTER, record, None, None, not_before)
 
 
 def history_row(notes: list[Note], key: int, topics: Topics) -> _Row:
@@ -100,7 +103,7 @@ def history_row(notes: list[Note], key: int, topics: Topics) -> _Row:
     (the query's observed metrics sum them)."""
     record = encode_history(((n.transaction_id, n.at, n.event, n.detail) for n in notes),
                             str(key).encode("ascii"), topics)
-    return (Kind.HISTORY, record, None, dict(Counter(n.event for n in notes)))
+    return (Kind.HISTORY, record, None, dict(Counter(n.event for n in notes)), None)
 
 
 def coordinator_tag(topics: Topics) -> str:
@@ -129,6 +132,7 @@ def _frame(rows: list[_Row], ids: list[str], now: int) -> pd.DataFrame:
                for event, column in HISTORY_COUNTED.items()},
             "record_id": ids,
             "batch_ms": np.full(len(rows), now, dtype=np.int64),
+            "not_before_ms": pd.array([r[4] for r in rows], dtype="Int64"),
         },
         columns=_OUTPUT_NAMES,
     )
@@ -184,9 +188,11 @@ def coordinator_function(
             rows.extend(records_for(effects, now, topics, (event, partition, offset)))
             notes.extend(e for e in effects if isinstance(e, Note))
         # Events first: a commit in this batch spares the transaction a check due now.
-        fired = bucket.fire_due(now, policy)
-        rows.extend(records_for(fired, now, topics))
-        notes.extend(e for e in fired if isinstance(e, Note))
+        # Timers due within the lead run now, as of their deadlines, and the sink holds their
+        # records until then: the batch's own run time is then mostly behind them.
+        for at, fired in bucket.run_timers(now, policy.timer_lead, policy):
+            rows.extend(records_for(fired, now, topics, not_before=at if at > now else None))
+            notes.extend(e for e in fired if isinstance(e, Note))
         if notes:
             rows.append(history_row(notes, state_key, topics))
         # Numbered before the state is saved: the numbers taken are part of this batch's state.
@@ -198,7 +204,7 @@ def coordinator_function(
             state.remove()
         else:
             state.update((bucket.encode(),))
-            state.setTimeoutDuration(max(1, deadline - now))
+            state.setTimeoutDuration(max(1, deadline - policy.timer_lead - now))
         if rows:
             yield _frame(rows, ids, now)
 

@@ -132,6 +132,22 @@ def test_fire_due_runs_due_timers_in_deadline_then_id_order() -> None:
     assert b.next_deadline() == T0 + 100 + P.transaction_timeout  # "late" is not due yet
 
 
+def test_timers_due_within_the_lead_run_now_as_of_their_deadlines() -> None:
+    b = Bucket()
+    for txid, born in [("due", T0), ("soon", T0 + 300), ("later", T0 + 700)]:
+        b.apply(half(txid, born=born), born, P)
+    now = T0 + 100 + P.transaction_timeout  # "due" 100 ms late, "soon" due in 200 ms
+    fired = b.run_timers(now, 500, P)
+    assert [(at, [e.message.transaction_id for e in effects if isinstance(e, RequestCheck)])
+            for at, effects in fired] == [(now, ["due"]), (now + 200, ["soon"])]
+    soon = b.get("soon")
+    assert soon is not None and soon.next_check == now + 200 + P.check_interval
+    late = [e.late_ms for _, effects in fired for e in effects if isinstance(e, RequestCheck)]
+    assert late == [100, 0]
+    assert b.next_deadline() == T0 + 700 + P.transaction_timeout  # 600 ms out: not yet
+    assert b.run_timers(now, 0, P) == []
+
+
 def test_fire_due_leaves_only_future_deadlines() -> None:
     b = Bucket()
     b.apply(half("old", born=T0 - P.reserved_time), T0, P)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,33 @@ def test_sink_failure_fails_the_batch_with_send_failed(
         _write(spark, kafka, rows, checkpoint_dir)
     # The batch was not committed: a restart runs it again (here: fails again, same reason).
     assert not list((checkpoint_dir / "cp" / "commits").glob("[0-9]*"))
+
+
+@pytest.mark.kafka
+def test_a_record_made_ahead_of_its_deadline_is_not_sent_before_it(kafka, unique) -> None:
+    # Policy.timer_lead: a back-check run ahead carries its deadline; no producer may see it
+    # earlier. Waiting for it does not hold up the rows behind it.
+    topic = f"{unique}_held"
+    start = int(time.time() * 1000)
+    deadline = start + 400
+    rows = [("check", topic, b"held", b"c", None, "r0", start, deadline),
+            ("visible", topic, b"now", b"v", None, "r1", start, None)]
+    send_rows(SinkOptions(kafka=kafka), rows)
+    stamps = {r.key: r.timestamp for r in read_topic(kafka, topic)}
+    assert stamps[b"now"] < deadline <= stamps[b"held"] < deadline + 1000
+
+
+@pytest.mark.kafka
+def test_a_hold_never_lasts_longer_than_the_lead(kafka, unique) -> None:
+    # A worker whose clock is behind the driver's: the deadline looks far off, but it was
+    # never more than the lead (here 300 ms) after the batch started.
+    topic = f"{unique}_skew"
+    now = int(time.time() * 1000)
+    started = time.monotonic()
+    send_rows(SinkOptions(kafka=kafka),
+              [("check", topic, b"k", b"c", None, "r0", now + 9_700, now + 10_000)])
+    assert 0.25 < time.monotonic() - started < 3
+    assert len(read_topic(kafka, topic)) == 1
 
 
 @pytest.mark.kafka

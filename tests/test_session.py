@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
 
-from streaming.config import RunConfig, add_run_arguments, config_from_args
+from streaming.config import RunConfig
 from streaming.session import JIT_OPTIONS, build_session
 from txstream.errors import ConfigError
 
@@ -25,22 +24,6 @@ def test_the_session_runs_the_quick_compiler_only_by_default(spark: Any) -> None
     hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     option = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
     assert option.getVMOption("TieredStopAtLevel").getValue() == "1"
-
-
-def _parse(argv: list[str]) -> RunConfig:
-    parser = argparse.ArgumentParser()
-    add_run_arguments(parser)
-    args = parser.parse_args(argv)
-    return config_from_args(args, "127.0.0.1:9092")
-
-
-def test_jit_comes_from_the_flag_the_environment_or_the_default(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _parse([]).jit == "c1"
-    assert _parse(["--jit", "tiered"]).jit == "tiered"
-    monkeypatch.setenv("TXSTREAM_JIT", "tiered")
-    assert _parse([]).jit == "tiered"
-    assert _parse(["--jit", "c1"]).jit == "c1"
 
 
 def test_an_unknown_jit_is_refused_before_any_jvm_starts() -> None:

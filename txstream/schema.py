@@ -79,6 +79,9 @@ OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     # same when a batch is replayed after a crash, so the sink skips what was already written.
     ("record_id", "string"),
     ("batch_ms", "bigint"),
+    # A timer's record made ahead of its deadline (state.policy.Policy.timer_lead): the sink
+    # sends it no earlier than this. Null: at once.
+    ("not_before_ms", "bigint"),
 )
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 # The history events counted in their own columns, by event name.
