@@ -1,6 +1,8 @@
 """Profile a running coordinator's Python processes with py-spy, and print where time went.
 
-    .venv/bin/python -m bench.profile_workers OUT_DIR [--seconds 40] [-- BENCH ARGS...]
+    .venv/bin/python -m bench.profile_workers [--seconds 40] OUT_DIR [-- BENCH ARGS...]
+
+(the options before OUT_DIR when bench arguments follow: argparse takes none after them)
 
 Starts ``txstream bench --phases coordinator`` (or with the given bench arguments), waits for
 Spark's Python workers to appear under the benchmark's JVM, samples every Python process there

@@ -16,6 +16,7 @@ first run did: the sink recognises what that run already wrote and does not writ
 
 from __future__ import annotations
 
+import heapq
 import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -102,15 +103,21 @@ class Bucket:
     def run_timers(self, now: int, lead: int, policy: Policy) -> list[tuple[int, list[Effect]]]:
         """Run every timer due by ``now + lead``, in deadline order, each as of
         ``max(now, deadline)``: returns that time with each timer's effects, which must not
-        take effect before it (``Policy.timer_lead``)."""
+        take effect before it (``Policy.timer_lead``). A timer that sets another one within
+        the window (a check near the reserved time) runs that one too, in its turn."""
         fired: list[tuple[int, list[Effect]]] = []
+        horizon = now + lead
         due = [(_deadline(held), txid) for txid, held in self._held.items()
-               if _deadline(held) <= now + lead]
-        for deadline, txid in sorted(due):
+               if _deadline(held) <= horizon]
+        heapq.heapify(due)
+        while due:
+            deadline, txid = heapq.heappop(due)
             at = max(now, deadline)
             new, effects = on_timeout(self._decoded(txid), at, policy)
             self._store(txid, new)
             fired.append((at, effects))
+            if new is not None and at < new.deadline <= horizon:
+                heapq.heappush(due, (new.deadline, txid))
         return fired
 
     def next_deadline(self) -> int | None:

@@ -4,9 +4,9 @@ Per call (one state key, one micro-batch): decode the key's state, decode each r
 (:func:`sources.events.parse_event`) and apply it, run the timers that are due (or due within
 ``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
 earliest transaction deadline less that lead, and turn the core's effects into records to
-write. ``now`` is Spark's batch timestamp, which a
-replayed batch keeps, so a replay emits exactly what the first run emitted, under the same
-record ids (:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
+write. ``now`` is Spark's batch timestamp, which a replayed batch keeps, so a replay emits
+exactly what the first run emitted (with the same lead), under the same record ids
+(:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
