@@ -31,7 +31,9 @@ class Policy:
     ``timer_lead``: a timer due within this long after a micro-batch's start runs in that batch,
     as of its deadline, and what it writes is held back until the deadline. Without it a timer
     waits for the first batch that starts after its deadline, and its records come at the end of
-    that batch: up to two batch durations late. 0 runs timers only once due.
+    that batch: up to two batch durations late. 0 runs timers only once due. Longer than a
+    busy batch's duration, it costs: a batch that carries a check due after the batch's
+    natural end cannot finish before that deadline (BENCHMARKS.md, section 15).
     """
 
     transaction_timeout: int = 6 * SECOND
