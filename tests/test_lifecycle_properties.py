@@ -263,6 +263,13 @@ small_policies = st.builds(
 )
 
 
+def checkpoint_after(steps: list[Step]) -> tuple[int, bytes]:
+    """The clock and the encoded bucket after ``steps`` (the start, if there are none)."""
+    if not steps:
+        return T0, Bucket().encode()
+    return steps[-1].now, steps[-1].bucket.encode()
+
+
 def trace(half_of: dict[str, Message], script: list[Op], policy: Policy,
           bucket: Bucket | None = None, now: int = T0) -> tuple[list[list[Effect]], Bucket]:
     steps = list(play(half_of, script, policy, bucket, now))
@@ -305,8 +312,7 @@ def test_replaying_from_a_checkpoint_emits_the_same(
     half_of, script = scenario
     split = data.draw(st.integers(0, len(script)))
     head = list(play(half_of, script[:split], policy))
-    now = head[-1].now if head else T0
-    checkpoint = head[-1].bucket.encode() if head else Bucket().encode()
+    now, checkpoint = checkpoint_after(head)
     first_effects, first_final = trace(half_of, script[split:], policy,
                                        Bucket.decode(checkpoint), now)
     # A replayed micro-batch restarts from the checkpointed state with the same clock.
@@ -329,9 +335,7 @@ def test_timers_run_ahead_do_what_they_would_do_at_their_deadlines(
     # That must be exactly what running each at its deadline would have done, whatever the
     # lead: also a timer that sets another one inside the window (the reserved time's).
     half_of, script = scenario
-    steps = list(play(half_of, script, policy))
-    now = steps[-1].now if steps else T0
-    blob = steps[-1].bucket.encode() if steps else Bucket().encode()
+    now, blob = checkpoint_after(list(play(half_of, script, policy)))
     lead = data.draw(st.integers(0, 100))
     ahead = Bucket.decode(blob)
     fired = ahead.run_timers(now, lead, policy)
