@@ -12,10 +12,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SPARK_LOCAL_IP=127.0.0.1
 
-# procps: Spark's launch scripts call `ps`. The man directory: the JRE's post-install needs it.
+# procps: Spark's launch scripts call `ps`. The man directory: the JDK's post-install needs it.
+# The JDK, not the JRE: its javac builds streaming/local_fs.py's jar (no chmod process per
+# checkpoint file, BENCHMARKS.md section 16).
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -31,6 +33,8 @@ RUN useradd --create-home --uid 10001 txstream \
  && mkdir -p /data/checkpoints \
  && chown -R txstream /data
 USER txstream
+# Built now, into the user's cache, so the first start does not wait for javac.
+RUN python -c "from streaming.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
 WORKDIR /data
 # `txstream run` and `txstream pending` without --checkpoint-dir: on the volume.
 ENV TXSTREAM_CHECKPOINT_DIR=/data/checkpoints/coordinator

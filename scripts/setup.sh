@@ -3,10 +3,11 @@
 set -euo pipefail
 VENV=${1:-.venv}
 if ! command -v java >/dev/null 2>&1; then
+  # The JDK: Spark needs a JVM, and javac builds streaming/local_fs.py's jar.
   echo "setup: no java found, installing OpenJDK 17 (Spark needs a JVM)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  $SUDO apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
 fi
 PYTHON=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"

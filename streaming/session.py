@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
+
 __all__ = ["build_session", "LOG4J_CONFIG", "JIT_OPTIONS"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
@@ -85,13 +87,20 @@ def build_session(
         # The default (FileContext-based) manager has Hadoop's local file system fork `chmod`
         # and `readlink` for every checkpoint and state file it writes (pyspark ships no native
         # Hadoop library): ~28 processes a second here, ~70 ms of every micro-batch. The
-        # FileSystem-based one forks a few; it works on any Hadoop file system.
+        # FileSystem-based one forks a few (none with streaming/local_fs.py's file system); it
+        # works on any Hadoop file system.
         .config("spark.sql.streaming.checkpointFileManagerClass",
                 "org.apache.spark.sql.execution.streaming.checkpointing."
                 "FileSystemBasedCheckpointFileManager")
     )
     if master is not None or not submitted:
         builder = builder.master(master or "local[2]")
+    if not submitted and (master or "local").startswith("local"):
+        # Only where this call starts the JVM and every executor is in it: the jar is local.
+        jar = no_fork_fs_jar()
+        if jar is not None:
+            builder = (builder.config("spark.driver.extraClassPath", str(jar))
+                       .config("spark.hadoop.fs.file.impl", NO_FORK_FS_CLASS))
     if not submitted:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     if state_store == "rocksdb":

@@ -148,7 +148,7 @@ def test_the_coordinator_healthcheck_works_against_real_metrics() -> None:
 def test_the_dockerfile_builds_the_txstream_image() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
-    assert re.search(r"openjdk-\d+-jre-headless", text)  # Spark needs a JVM
+    assert re.search(r"openjdk-\d+-jdk-headless", text)  # Spark needs a JVM; javac, local_fs.py
     assert re.search(r"pip install (--no-deps )?\.", text)
     assert re.search(r'^ENTRYPOINT \["txstream"\]', text, re.M)
     cmd = json.loads(re.search(r"^CMD (\[.*\])", text, re.M).group(1))

@@ -1,12 +1,16 @@
-"""The JVM txstream starts: its compilers are what the configuration says."""
+"""The JVM txstream starts: its compilers and its local file system are what we chose."""
 
 from __future__ import annotations
 
+import os
+import stat
+import zipfile
 from typing import Any
 
 import pytest
 
 from streaming.config import RunConfig
+from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
 from streaming.session import JIT_OPTIONS, build_session
 from txstream.errors import ConfigError
 
@@ -31,3 +35,33 @@ def test_an_unknown_jit_is_refused_before_any_jvm_starts() -> None:
         RunConfig(jit="c2")
     with pytest.raises(ValueError, match="jit"):
         build_session(jit="c2")
+
+
+def test_local_files_get_their_mode_from_the_no_fork_file_system(spark: Any, tmp_path) -> None:
+    # Every checkpoint and state file is written through this class; a wrong mode bit would
+    # leave a checkpoint another user (or the next run, under another umask) cannot read.
+    jvm = spark.sparkContext._jvm
+    hadoop = jvm.org.apache.hadoop.fs
+    fs = hadoop.Path(tmp_path.as_uri()).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    assert fs.getClass().getName() == NO_FORK_FS_CLASS
+    for mode in (0o644, 0o600, 0o755, 0o751, 0o640, 0o777, 0o000):
+        path = hadoop.Path((tmp_path / f"f{mode:o}").as_uri())
+        fs.create(path, True).close()
+        symbolic = stat.filemode(mode)[1:]  # "rw-r--r--"
+        fs.setPermission(path, hadoop.permission.FsPermission.valueOf(f"-{symbolic}"))
+        assert stat.S_IMODE(os.stat(tmp_path / f"f{mode:o}").st_mode) == mode
+    made = hadoop.Path((tmp_path / "dir" / "sub").as_uri())
+    assert fs.mkdirs(made)
+    assert (tmp_path / "dir" / "sub").is_dir()
+
+
+def test_the_no_fork_jar_is_built_once_and_skipped_without_javac(tmp_path, monkeypatch) -> None:
+    jar = no_fork_fs_jar(tmp_path / "cache")
+    assert jar is not None and jar.parent == tmp_path / "cache"
+    with zipfile.ZipFile(jar) as built:
+        assert "txstream/hadoop/NoForkLocalFileSystem$Raw.class" in built.namelist()
+    built_at = jar.stat().st_mtime_ns
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert no_fork_fs_jar(tmp_path / "cache") == jar  # cached: no compiler needed again
+    assert jar.stat().st_mtime_ns == built_at
+    assert no_fork_fs_jar(tmp_path / "other") is None  # a JRE only: Hadoop's own class stays
