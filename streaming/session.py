@@ -9,7 +9,7 @@ from typing import Any
 
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
 
-__all__ = ["build_session", "LOG4J_CONFIG", "JIT_OPTIONS"]
+__all__ = ["build_session", "with_no_fork_fs", "LOG4J_CONFIG", "JIT_OPTIONS"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 
@@ -31,6 +31,17 @@ def _env_settings() -> dict[str, str]:
     if bad:
         raise ValueError(f"TXSTREAM_SPARK_CONF wants key=value pairs, got {bad[0]!r}")
     return dict(p.split("=", 1) for p in pairs)
+
+
+def with_no_fork_fs(settings: dict[str, Any], jar: Path) -> dict[str, Any]:
+    """``settings`` plus the no-fork local file system (streaming/local_fs.py): the jar joins
+    any class path given, and a ``fs.file.impl`` given stays."""
+    given = str(settings.get("spark.driver.extraClassPath") or "")
+    return {
+        "spark.hadoop.fs.file.impl": NO_FORK_FS_CLASS,
+        **settings,
+        "spark.driver.extraClassPath": os.pathsep.join(p for p in (str(jar), given) if p),
+    }
 
 
 def build_session(
@@ -95,12 +106,12 @@ def build_session(
     )
     if master is not None or not submitted:
         builder = builder.master(master or "local[2]")
+    settings: dict[str, Any] = {**_env_settings(), **(extra or {})}
     if not submitted and (master or "local").startswith("local"):
         # Only where this call starts the JVM and every executor is in it: the jar is local.
         jar = no_fork_fs_jar()
         if jar is not None:
-            builder = (builder.config("spark.driver.extraClassPath", str(jar))
-                       .config("spark.hadoop.fs.file.impl", NO_FORK_FS_CLASS))
+            settings = with_no_fork_fs(settings, jar)
     if not submitted:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     if state_store == "rocksdb":
@@ -110,7 +121,7 @@ def build_session(
         )
     elif state_store != "default":
         raise ValueError("state_store must be 'default' or 'rocksdb'")
-    for key, value in {**_env_settings(), **(extra or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -11,7 +11,7 @@ import pytest
 
 from streaming.config import RunConfig
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.session import JIT_OPTIONS, build_session
+from streaming.session import JIT_OPTIONS, build_session, with_no_fork_fs
 from txstream.errors import ConfigError
 
 
@@ -65,3 +65,17 @@ def test_the_no_fork_jar_is_built_once_and_skipped_without_javac(tmp_path, monke
     assert no_fork_fs_jar(tmp_path / "cache") == jar  # cached: no compiler needed again
     assert jar.stat().st_mtime_ns == built_at
     assert no_fork_fs_jar(tmp_path / "other") is None  # a JRE only: Hadoop's own class stays
+
+
+def test_spark_settings_given_by_the_user_keep_their_class_path_and_file_system(tmp_path) -> None:
+    jar = tmp_path / "no-fork.jar"
+    assert with_no_fork_fs({}, jar) == {"spark.hadoop.fs.file.impl": NO_FORK_FS_CLASS,
+                                        "spark.driver.extraClassPath": str(jar)}
+    # TXSTREAM_SPARK_CONF's own jars stay on the class path, after ours.
+    mine = with_no_fork_fs({"spark.driver.extraClassPath": "/opt/jdbc.jar", "x": "1"}, jar)
+    assert mine["spark.driver.extraClassPath"] == f"{jar}{os.pathsep}/opt/jdbc.jar"
+    assert mine["x"] == "1" and mine["spark.hadoop.fs.file.impl"] == NO_FORK_FS_CLASS
+    # A file system chosen by the user (to compare, BENCHMARKS.md section 16) is not overridden.
+    hadoop = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
+    assert with_no_fork_fs(hadoop, jar)["spark.hadoop.fs.file.impl"] == \
+        "org.apache.hadoop.fs.LocalFileSystem"
