@@ -48,8 +48,14 @@ EXPECTED = {"released": 3, "rolled_back": 3, "discarded": 4}
 _MSG_ID = re.compile(r"msgId=([0-9A-Fa-f]+)")
 
 
+# The producer, the consumer and the progress reporter say things from their own threads;
+# print() writes the text and its newline separately, so two lines could run into one.
+_SAY_LOCK = threading.Lock()
+
+
 def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+    with _SAY_LOCK:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def add_parser(sub: Any) -> None:
