@@ -108,10 +108,10 @@ def make_sink_producer(settings: KafkaSettings) -> Any:
 
     kafka-python builds every record in Python, on the caller's thread, while its I/O thread
     competes for the GIL: one request in flight and 1 MiB batches cut its CPU per record from
-    ~120 to ~87 us here (BENCHMARKS.md) at no cost in delivery time to a nearby broker. With its
-    default 16 KiB batches, kafka-python 3.0.12 also stalled for good, two times in three, when
-    a burst of thousands of records met a first record for a topic the broker creates on that
-    write (a new group's check topic): tests/test_kafka_sink.py keeps that case.
+    ~120 to ~87 us here (BENCHMARKS.md) at no cost in delivery time to a nearby broker. A
+    burst of thousands of records with a first record for a topic the broker creates on that
+    write (a new group's check topic) used to stall a fresh producer until its timeout; the
+    cause and its fix are in :class:`txstream.kafka.TopicTrackingProducer`.
     """
     return make_producer(settings, batch_size=1 << 20, max_in_flight_requests_per_connection=1)
 

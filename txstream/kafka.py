@@ -13,9 +13,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kafka import KafkaProducer
+
 from txstream.errors import BrokerUnavailable, ConfigError
 
 __all__ = ["KafkaSettings", "make_producer", "make_consumer", "make_admin", "wait_for_broker",
+           "TopicTrackingProducer",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
 log = logging.getLogger(__name__)
@@ -115,10 +118,26 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
 _UNREACHABLE = _unreachable_errors()
 
 
+class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]
+    """kafka-python's producer, asking the broker about every topic it sends to.
+
+    kafka-python's metadata requests name only the topics it tracks, and it starts tracking a
+    topic only when it knows none of the topic's partitions. tansu answers the first metadata
+    request of a fresh client, which names no topic, with every topic: such a producer knows
+    the existing topics' partitions without tracking them. The first refresh for a tracked
+    topic (a new topic's first record) then forgets them, and records for an untracked topic
+    still in the accumulator wait for a leader that is never asked for, until the delivery
+    timeout. Java's producer adds every topic it sends to; this one does the same.
+    """
+
+    def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic not in self._metadata._topics:
+            self._sender.add_topic(topic)
+        return super().send(topic, *args, **kwargs)
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     """An idempotent, acks=all producer: a send counts only once the broker stored it."""
-    from kafka import KafkaProducer
-
     kw = settings.client_kwargs()
     kw.update(
         acks="all",
@@ -129,7 +148,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     )
     kw.update(overrides)
     try:
-        return KafkaProducer(**kw)
+        return TopicTrackingProducer(**kw)
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
