@@ -21,6 +21,7 @@ from state.policy import Policy
 from streaming.cli import main
 from streaming.config import RunConfig
 from streaming.query import start_coordinator
+from streaming.session import ROCKSDB_SETTINGS
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.topics import Topics
@@ -262,3 +263,39 @@ def test_demo_roles_against_a_running_coordinator(
     assert consumer.returncode == 0, printed
     bodies = re.findall(r"MessageBody: (.*)$", printed, re.M)
     assert sorted(bodies) == ["Hello RocketMQ 1", "Hello RocketMQ 4", "Hello RocketMQ 7"]
+
+
+def test_the_rocksdb_store_keeps_pending_transactions_across_a_restart(
+    spark: Any, kafka: KafkaSettings, checkpoint_dir: Path, capsys: pytest.CaptureFixture[str],
+    unique: str
+) -> None:
+    """`--state-store rocksdb` (with its changelog checkpoints): the pending tool reads the
+    state, and a coordinator restarted on the checkpoint still holds the half message."""
+    for key, value in ROCKSDB_SETTINGS.items():
+        spark.conf.set(key, value)
+    topics = Topics.with_prefix(f"r{uuid.uuid4().hex[:8]}_")
+    config = RunConfig(kafka=kafka, topics=topics, checkpoint_dir=checkpoint_dir,
+                       policy=Policy(transaction_timeout=120_000),
+                       query_name=f"rocks-{uuid.uuid4().hex[:6]}")
+    txid, real = f"{unique}-held", f"{unique}-real"
+    try:
+        query = start_coordinator(spark, config)
+        running = Running(kafka, topics, checkpoint_dir, query)
+        try:
+            produce(kafka, [half_record(topics, txid, f"{unique}-g", real)])
+            wait_until(lambda: txid in _pending(running, capsys), timeout_s=90)
+        finally:
+            query.stop()
+        query = start_coordinator(spark, config)
+        try:
+            produce(kafka, [end_record(topics, txid, f"{unique}-g", Decision.COMMIT_MESSAGE)])
+            assert len(wait_for(kafka, real, 1, timeout_s=90)) == 1
+            wait_until(lambda: txid not in _pending(running, capsys), timeout_s=60)
+        finally:
+            query.stop()
+    finally:
+        for key in ROCKSDB_SETTINGS:
+            spark.conf.unset(key)
+    # RocksDB's changelog checkpoints, not the default store's delta files.
+    assert list(checkpoint_dir.rglob("*.changelog"))
+    assert not list(checkpoint_dir.rglob("*.delta"))
