@@ -21,8 +21,9 @@ LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 # JVM's default, for machines with cores to spare and jobs that run for days.
 JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
 # `--state-store rocksdb`. With changelog checkpointing a batch writes the changes it made
-# instead of a new snapshot of the store's files: with 10,000 transactions held, a busy batch
-# took 637 ms instead of 1,695 (BENCHMARKS.md, section 19). Spark reads either layout back.
+# instead of uploading a new snapshot of the store's files (Spark's and Databricks' advice);
+# here it was a few percent faster per batch (BENCHMARKS.md, section 19). Spark reads back
+# checkpoints written either way.
 ROCKSDB_SETTINGS = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
