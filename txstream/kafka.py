@@ -127,7 +127,9 @@ class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]
     the existing topics' partitions without tracking them. The first refresh for a tracked
     topic (a new topic's first record) then forgets them, and records for an untracked topic
     still in the accumulator wait for a leader that is never asked for, until the delivery
-    timeout. Java's producer adds every topic it sends to; this one does the same.
+    timeout. Java's producer adds every topic it sends to; this one does the same. It reaches
+    into two private attributes of the pinned kafka-python; tests/test_kafka_sink.py fails if
+    they change.
     """
 
     def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
