@@ -55,9 +55,11 @@ def session_for(config: RunConfig, driver_memory: str) -> tuple[Any, BatchLog]:
 class Harness:
     """Start the coordinator of ``config`` and wait on what its batches report."""
 
-    def __init__(self, config: RunConfig, driver_memory: str = "4g") -> None:
+    def __init__(self, config: RunConfig, driver_memory: str = "4g",
+                 function: Callable[..., Any] | None = None) -> None:
         self.config = config
         self.driver_memory = driver_memory
+        self.function = function  # None: the coordinator's own (streaming.query.build_stream)
         self.coordinator: Any = None
         self.log: BatchLog | None = None
         self.started_at = 0.0
@@ -66,7 +68,7 @@ class Harness:
         from streaming.run import Coordinator
 
         _, self.log = session_for(self.config, self.driver_memory)
-        self.coordinator = Coordinator(self.config).start()
+        self.coordinator = Coordinator(self.config, function=self.function).start()
         self.started_at = time.monotonic()
         return self
 

@@ -6,7 +6,10 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS"]
+__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES"]
+
+# What ``txstream bench`` can run, in the order it runs them.
+PHASES = ("pipe", "coordinator", "ceiling", "pending")
 
 # The targets, as ratios so that they hold on any machine.
 TARGETS = {
@@ -96,6 +99,9 @@ def format_table(r: dict[str, Any]) -> str:
         f" tx in {tp.get('measured_seconds', 0):.1f} s, {tp.get('batches', 0)} batches, "
         f"p50 {_ms(tp.get('batch_ms_p50'))})",
         f"{'ratio':<26}{_num(r['ratio'], '.2f'):>12}",
+        f"{'ceiling_tx_per_s':<26}{_num(r['ceiling_tx_per_s']):>12}   (the same query with a "
+        f"forwarder for the core; ceiling_ratio {_num(r['ceiling_ratio'], '.2f')}: no core "
+        "can reach more)",
         f"{'commit_to_visible_ms':<26}{'p50 ' + _ms(lat['p50']):>16}  p99 {_ms(lat['p99'])}"
         f"  max {_ms(lat['max'])}  ({lat['count']} tx at {_num(r['offered_tx_per_s'])} tx/s)",
         f"{'check_lateness_ms':<26}{'p50 ' + _ms(late['p50']):>16}  p99 {_ms(late['p99'])}"

@@ -14,18 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.ceiling import measure_ceiling
 from bench.coordinator_phases import measure_latency, measure_throughput
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import run_raw_pipe
-from bench.report import load_average, machine, targets
+from bench.report import PHASES, load_average, machine, targets
 from bench.workload import BulkProducer, Workload, create_topics, high_watermarks
 from streaming.config import RunConfig
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.topics import Topics
 
-__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
+__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics",
+           "measure_raw_pipe"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class BenchOptions:
     isolate: bool = True
     driver_memory: str = "4g"
     point_timeout_s: float = 3600.0
-    phases: tuple[str, ...] = ("pipe", "coordinator", "pending")
+    phases: tuple[str, ...] = PHASES
 
 
 def fresh_workload(tag: str) -> Workload:
@@ -63,8 +65,9 @@ def prepare_topics(settings: KafkaSettings, workload: Workload, n: int,
         producer.close()
 
 
-def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
-              say: Callable[[str], None]) -> dict[str, float]:
+def measure_raw_pipe(settings: KafkaSettings, n: int, partitions: int,
+                     say: Callable[[str], None]) -> dict[str, float]:
+    """The raw pipe's tx/s with 1 and with 2 processes, by the number of processes."""
     out: dict[str, float] = {}
     for processes in (1, min(2, partitions)):
         if str(processes) in out:
@@ -78,13 +81,11 @@ def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
     return out
 
 
-PHASES = ("pipe", "coordinator", "pending")
-
-
 def _empty() -> dict[str, Any]:
     """Every field, unmeasured: a skipped phase leaves its fields null, never missing."""
     none = {"p50": None, "p99": None, "max": None, "count": 0}
     return {"raw_pipe": {}, "raw_pipe_tx_per_s": None, "tx_per_s": None, "ratio": None,
+            "ceiling_tx_per_s": None, "ceiling_ratio": None, "ceiling": None,
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
             "latency": None, "batch_ms_vs_pending": []}
@@ -107,11 +108,13 @@ def run_bench(config: RunConfig, options: BenchOptions,
         wait_for_broker(config.kafka)
         if "pipe" in options.phases:
             say(f"raw pipe: {options.transactions} transactions, no Spark")
-            result["raw_pipe"] = _raw_pipe(config.kafka, options.transactions,
-                                           config.topic_partitions, say)
+            result["raw_pipe"] = measure_raw_pipe(config.kafka, options.transactions,
+                                                  config.topic_partitions, say)
             result["raw_pipe_tx_per_s"] = max(result["raw_pipe"].values())
         if "coordinator" in options.phases:
             _coordinator(config, options, result, stack, say)
+        if "ceiling" in options.phases:
+            _ceiling(config, options, result, say)
         if "pending" in options.phases and options.pending:
             if options.isolate:
                 _stop_jvm()  # the points start JVMs of their own: this one would only take memory
@@ -168,6 +171,22 @@ def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any
     result["latency"] = dataclasses.asdict(lat)
     say(f"latency: commit->visible p50 {lat.commit_to_visible_ms['p50']} ms, "
         f"check lateness p99 {lat.check_lateness_ms['p99']} ms")
+
+
+def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+             say: Callable[[str], None]) -> None:
+    """The same query and backlog with the core swapped for a forwarder (bench.ceiling)."""
+    n = options.transactions
+    workload = fresh_workload("ceil")
+    say(f"ceiling: loading a backlog of {n} committed transactions")
+    prepare_topics(config.kafka, workload, n, config.topic_partitions)
+    say("ceiling: the coordinator's query with a forwarding function instead of the core")
+    tp = measure_ceiling(config, workload, n, options.driver_memory)
+    result["ceiling_tx_per_s"] = tp.tx_per_s
+    if result["raw_pipe_tx_per_s"]:
+        result["ceiling_ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
+    result["ceiling"] = dataclasses.asdict(tp)
+    say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f})")
 
 
 def _stop_jvm() -> None:

@@ -14,6 +14,7 @@ import logging
 import signal
 from typing import Any
 
+from bench.report import PHASES
 from streaming.config import add_run_arguments, config_from_args
 
 __all__ = ["add_parser", "bench_command"]
@@ -38,8 +39,8 @@ def _stores(text: str) -> tuple[str, ...]:
 
 def _phases(text: str) -> tuple[str, ...]:
     phases = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not phases or not set(phases) <= {"pipe", "coordinator", "pending"}:
-        raise argparse.ArgumentTypeError("phases are pipe, coordinator and/or pending")
+    if not phases or not set(phases) <= set(PHASES):
+        raise argparse.ArgumentTypeError(f"phases are {', '.join(PHASES)} (any of them)")
     return phases
 
 
@@ -66,9 +67,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--driver-memory", default="4g", help="Spark driver heap (default 4g)")
     p.add_argument("--point-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="give up on a pending point after this long (default 3600)")
-    p.add_argument("--phases", type=_phases, default=("pipe", "coordinator", "pending"),
-                   help="which phases to run (default pipe,coordinator,pending); the fields "
-                        "of a skipped phase are null")
+    p.add_argument("--phases", type=_phases, default=PHASES,
+                   help=f"which phases to run (default {','.join(PHASES)}); the fields of a "
+                        "skipped phase are null")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_run_arguments(p)
     p.set_defaults(func=bench_command)

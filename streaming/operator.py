@@ -41,7 +41,8 @@ from txstream.wire import (
     unpack_headers,
 )
 
-__all__ = ["coordinator_function", "coordinator_tag", "history_row", "records_for", "record_id"]
+__all__ = ["coordinator_function", "coordinator_tag", "history_row", "in_replay_order",
+           "records_for", "record_id"]
 
 _OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
 _INPUT = ("kind", "src_partition", "src_offset", "key", "value", "headers", "error")
@@ -138,7 +139,7 @@ def _frame(rows: list[_Row], ids: list[str], now: int) -> pd.DataFrame:
     )
 
 
-def _in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
+def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
     """The key's rows in an order that does not depend on how the shuffle delivered them.
 
     Half messages first (an end event in the same batch then finds its half), then by source
@@ -175,7 +176,7 @@ def coordinator_function(
         bucket = Bucket.decode(state.get[0] if state.exists else None)
         rows: list[_Row] = []
         notes: list[Note] = []
-        for kind, partition, offset, k, v, h, error in _in_replay_order(frames):
+        for kind, partition, offset, k, v, h, error in in_replay_order(frames):
             if error is not None:
                 rows.append(_dead_letter(kind, k, v, h, partition, offset, error, topics))
                 continue

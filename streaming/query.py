@@ -13,6 +13,7 @@ with, so a back-check counts only once it was delivered and nothing is lost.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from state.keys import KeyLayout
@@ -56,8 +57,11 @@ def _observed_metrics() -> list[Any]:
     ]
 
 
-def build_stream(spark: Any, config: RunConfig) -> Any:
-    """The coordinator's DataStreamWriter, not yet started."""
+def build_stream(spark: Any, config: RunConfig, function: Callable[..., Any] | None = None
+                 ) -> Any:
+    """The coordinator's DataStreamWriter, not yet started. ``function``: what runs per state
+    key, by default the coordinator's own (:func:`streaming.operator.coordinator_function`);
+    the benchmark swaps in a stand-in to measure the query without the core (bench.ceiling)."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -80,7 +84,7 @@ def build_stream(spark: Any, config: RunConfig) -> Any:
         reader.load()
         .groupBy("state_key")
         .applyInPandasWithState(
-            coordinator_function(config.policy, config.topics),
+            function or coordinator_function(config.policy, config.topics),
             OUTPUT_SCHEMA,
             STATE_SCHEMA,
             "append",
@@ -132,7 +136,8 @@ def pin_layout(config: RunConfig) -> None:
     path.write_text(json.dumps(wanted) + "\n")
 
 
-def start_coordinator(spark: Any, config: RunConfig) -> Any:
+def start_coordinator(spark: Any, config: RunConfig,
+                      function: Callable[..., Any] | None = None) -> Any:
     """Start the coordinator query on ``spark``; returns the StreamingQuery."""
     pin_layout(config)
-    return build_stream(spark, config).start()
+    return build_stream(spark, config, function).start()

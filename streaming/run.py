@@ -32,9 +32,11 @@ class Coordinator:
     Used by ``txstream run``, the demo and the benchmark.
     """
 
-    def __init__(self, config: RunConfig, emit: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: RunConfig, emit: Callable[[str], None] | None = None,
+                 function: Callable[..., Any] | None = None) -> None:
         self.config = config
         self.emit = emit
+        self.function = function  # streaming.query.build_stream's; None: the coordinator's
         self.spark: Any = None
         self.query: Any = None
         self.listener: Any = None
@@ -51,7 +53,7 @@ class Coordinator:
         )
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         self.spark.streams.addListener(self.listener)
-        self.query = start_coordinator(self.spark, self.config)
+        self.query = start_coordinator(self.spark, self.config, self.function)
         return self
 
     def stop(self) -> None:

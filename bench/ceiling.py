@@ -1,0 +1,83 @@
+"""The ceiling phase: the coordinator's query with txstream's own logic taken out.
+
+The same streaming query as the coordinator (``txstream-events`` source,
+``groupBy(state_key).applyInPandasWithState`` with a processing-time timeout, observed counters,
+``txstream-records`` sink, same session and settings) over the same backlog, with the core
+swapped for a function that only forwards each half message to the real topic: no decoding,
+no state, no timers, no history. Its throughput is what Spark, pyspark and the Kafka client
+cost by themselves in this design, so ``ceiling_tx_per_s / raw_pipe_tx_per_s`` bounds the
+``ratio`` any core could reach on this machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.coordinator_phases import ThroughputResult, measure_throughput
+from bench.harness import Harness
+from bench.workload import Workload
+from streaming.config import RunConfig
+from streaming.operator import coordinator_tag, in_replay_order, record_id
+from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind
+from txstream.topics import Topics
+from txstream.wire import H, pack_headers
+
+__all__ = ["forwarding_function", "measure_ceiling"]
+
+_NAMES = [name for name, _ in OUTPUT_COLUMNS]
+_NULLABLE = {name: ("Int64" if kind == "bigint" else "Int32") for name, kind in OUTPUT_COLUMNS
+             if kind in ("bigint", "int") and name != "batch_ms"}
+
+
+def forwarding_function(real_topic: str, topics: Topics
+                        ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any],
+                                      Iterator[pd.DataFrame]]:
+    """A stand-in for the coordinator's function: each half message goes to ``real_topic`` as
+    read (its headers plus a record id, as a release carries), and nothing is kept."""
+    tag = coordinator_tag(topics)
+
+    def forward(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
+                state: Any) -> Iterator[pd.DataFrame]:
+        now = int(state.getCurrentProcessingTimeMs())
+        halves = [(k, v, h) for kind, _p, _o, k, v, h, error in in_replay_order(frames)
+                  if kind == EventKind.HALF and error is None]
+        if not halves:
+            return
+        n = len(halves)
+        ids = [record_id(tag, int(key[0]), now, i) for i in range(n)]
+        columns: dict[str, Any] = {
+            **{name: pd.array([None] * n, dtype=dtype) for name, dtype in _NULLABLE.items()},
+            "kind": [Kind.VISIBLE] * n, "topic": [real_topic] * n,
+            "key": [k for k, _, _ in halves], "value": [v for _, v, _ in halves],
+            "headers": [h + pack_headers(((H.RECORD_ID, i.encode("ascii")),))
+                        for (_, _, h), i in zip(halves, ids, strict=True)],
+            "record_id": ids, "batch_ms": np.full(n, now, dtype=np.int64),
+        }
+        yield pd.DataFrame(columns, columns=_NAMES)
+
+    return forward
+
+
+def measure_ceiling(config: RunConfig, workload: Workload, n: int, driver_memory: str
+                    ) -> ThroughputResult:
+    """Throughput of the stand-in over ``workload``'s backlog of ``n`` committed transactions
+    (already in its topics), measured as the coordinator's is."""
+    checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-ceiling-"))
+    cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
+                       query_name=f"ceiling-{uuid.uuid4().hex[:6]}")
+    harness = Harness(cfg, driver_memory,
+                      function=forwarding_function(workload.real_topic, workload.topics))
+    try:
+        return measure_throughput(harness, config.kafka, workload, n,
+                                  timeout_s=max(600, n / 20))
+    finally:
+        harness.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
