@@ -3,10 +3,12 @@
 The same streaming query as the coordinator (``txstream-events`` source,
 ``groupBy(state_key).applyInPandasWithState`` with a processing-time timeout, observed counters,
 ``txstream-records`` sink, same session and settings) over the same backlog, with the core
-swapped for a function that only forwards each half message to the real topic: no decoding,
-no state, no timers, no history. Its throughput is what Spark, pyspark and the Kafka client
-cost by themselves in this design, so ``ceiling_tx_per_s / raw_pipe_tx_per_s`` bounds the
-``ratio`` any core could reach on this machine.
+swapped for a function that only forwards each commit to the real topic as a message of the
+workload's body size: no decoding, no state, no timers, no history. Its throughput is what
+Spark, pyspark and the Kafka client cost by themselves in this design, so
+``ceiling_tx_per_s / raw_pipe_tx_per_s`` bounds the ``ratio`` any core could reach on this
+machine; its commit → visible latency at the coordinator's offered rate is the floor of the
+coordinator's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.coordinator_phases import ThroughputResult, measure_throughput
+from bench.coordinator_phases import (
+    LatencyResult,
+    ThroughputResult,
+    measure_latency,
+    measure_throughput,
+)
 from bench.harness import Harness
 from bench.workload import Workload
 from streaming.config import RunConfig
@@ -37,28 +44,31 @@ _NULLABLE = {name: ("Int64" if kind == "bigint" else "Int32") for name, kind in 
              if kind in ("bigint", "int") and name != "batch_ms"}
 
 
-def forwarding_function(real_topic: str, topics: Topics
+def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
                         ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any],
                                       Iterator[pd.DataFrame]]:
-    """A stand-in for the coordinator's function: each half message goes to ``real_topic`` as
-    read (its headers plus a record id, as a release carries), and nothing is kept."""
+    """A stand-in for the coordinator's function: each end record goes to ``real_topic`` at
+    once, with a body of ``body_bytes`` and the end's headers plus the transaction id and a
+    record id (about what a release carries); half messages are read and dropped, nothing is
+    kept. Only for workloads that commit every transaction."""
     tag = coordinator_tag(topics)
+    body = b"\0" * body_bytes
 
     def forward(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
                 state: Any) -> Iterator[pd.DataFrame]:
         now = int(state.getCurrentProcessingTimeMs())
-        halves = [(k, v, h) for kind, _p, _o, k, v, h, error in in_replay_order(frames)
-                  if kind == EventKind.HALF and error is None]
-        if not halves:
+        ends = [(k, h) for kind, _p, _o, k, _v, h, error in in_replay_order(frames)
+                if kind == EventKind.END and error is None and k]
+        if not ends:
             return
-        n = len(halves)
+        n = len(ends)
         ids = [record_id(tag, int(key[0]), now, i) for i in range(n)]
         columns: dict[str, Any] = {
             **{name: pd.array([None] * n, dtype=dtype) for name, dtype in _NULLABLE.items()},
             "kind": [Kind.VISIBLE] * n, "topic": [real_topic] * n,
-            "key": [k for k, _, _ in halves], "value": [v for _, v, _ in halves],
-            "headers": [h + pack_headers(((H.RECORD_ID, i.encode("ascii")),))
-                        for (_, _, h), i in zip(halves, ids, strict=True)],
+            "key": [k for k, _ in ends], "value": [body] * n,
+            "headers": [h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, i.encode())))
+                        for (k, h), i in zip(ends, ids, strict=True)],
             "record_id": ids, "batch_ms": np.full(n, now, dtype=np.int64),
         }
         yield pd.DataFrame(columns, columns=_NAMES)
@@ -66,18 +76,23 @@ def forwarding_function(real_topic: str, topics: Topics
     return forward
 
 
-def measure_ceiling(config: RunConfig, workload: Workload, n: int, driver_memory: str
-                    ) -> ThroughputResult:
-    """Throughput of the stand-in over ``workload``'s backlog of ``n`` committed transactions
-    (already in its topics), measured as the coordinator's is."""
+def measure_ceiling(config: RunConfig, workload: Workload, n: int, driver_memory: str,
+                    rate: float | None, seconds: float
+                    ) -> tuple[ThroughputResult, LatencyResult]:
+    """The stand-in's throughput over ``workload``'s backlog of ``n`` committed transactions
+    (already in its topics), then its commit → visible latency at ``rate`` tx/s (None: half
+    its throughput) for ``seconds``, both measured as the coordinator's are."""
     checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-ceiling-"))
     cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
                        query_name=f"ceiling-{uuid.uuid4().hex[:6]}")
     harness = Harness(cfg, driver_memory,
-                      function=forwarding_function(workload.real_topic, workload.topics))
+                      function=forwarding_function(workload.real_topic, workload.topics,
+                                                   workload.body_bytes))
     try:
-        return measure_throughput(harness, config.kafka, workload, n,
-                                  timeout_s=max(600, n / 20))
+        tp = measure_throughput(harness, config.kafka, workload, n, timeout_s=max(600, n / 20))
+        offered = rate or max(1.0, round(tp.tx_per_s / 2))
+        # Every transaction commits: the stand-in answers no check.
+        return tp, measure_latency(harness, config.kafka, workload, offered, seconds, 0)
     finally:
         harness.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)

@@ -6,7 +6,8 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES"]
+__all__ = ["machine", "load_average", "cpu_times", "steal_pct", "targets", "format_table",
+           "TARGETS", "PHASES"]
 
 # What ``txstream bench`` can run, in the order it runs them.
 PHASES = ("pipe", "coordinator", "ceiling", "pending")
@@ -23,6 +24,26 @@ TARGETS = {
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (``/proc/stat``, all CPUs), or None where there are
+    none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_pct(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of CPU time the hypervisor gave to other machines between two
+    :func:`cpu_times` (its 8th counter, steal). A virtual machine's speed moves with it: a run
+    with much steal had less than its cores, whatever its code."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after) - sum(before)
+    return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
 
 
 def machine() -> dict[str, Any]:
@@ -87,12 +108,14 @@ def _num(value: float | None, fmt: str = ",.0f") -> str:
 
 def format_table(r: dict[str, Any]) -> str:
     lat, late, clate = r["commit_to_visible_ms"], r["check_lateness_ms"], r["coordinator_late_ms"]
+    clat = r["ceiling_commit_to_visible_ms"]
     pipes = ", ".join(f"{k} process(es) {v:,.0f}" for k, v in r["raw_pipe"].items())
     tp = r["throughput"] or {}
     lines = [
         f"machine: {r['machine']['cores']} cores, {r['machine']['memory_gb']} GB, "
         f"pyspark {r['machine']['pyspark']}; load average {r['load_average_start']} at start, "
-        f"{r['load_average_end']} at end",
+        f"{r['load_average_end']} at end; CPU stolen by the hypervisor: "
+        + (", ".join(f"{k} {_num(v, '.0f')} %" for k, v in r["steal_pct"].items()) or "-"),
         "",
         f"{'raw_pipe_tx_per_s':<26}{_num(r['raw_pipe_tx_per_s']):>12}   ({pipes or 'not run'})",
         f"{'tx_per_s':<26}{_num(r['tx_per_s']):>12}   ({tp.get('measured_transactions', 0)}"
@@ -102,6 +125,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"{'ceiling_tx_per_s':<26}{_num(r['ceiling_tx_per_s']):>12}   (the same query with a "
         f"forwarder for the core; ceiling_ratio {_num(r['ceiling_ratio'], '.2f')}: no core "
         "can reach more)",
+        f"{'ceiling_commit_to_visible':<26}{'p50 ' + _ms(clat['p50']):>16}  p99 "
+        f"{_ms(clat['p99'])}  (the forwarder's: the floor of commit_to_visible_ms)",
         f"{'commit_to_visible_ms':<26}{'p50 ' + _ms(lat['p50']):>16}  p99 {_ms(lat['p99'])}"
         f"  max {_ms(lat['max'])}  ({lat['count']} tx at {_num(r['offered_tx_per_s'])} tx/s)",
         f"{'check_lateness_ms':<26}{'p50 ' + _ms(late['p50']):>16}  p99 {_ms(late['p99'])}"

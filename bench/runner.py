@@ -19,7 +19,7 @@ from bench.coordinator_phases import measure_latency, measure_throughput
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import run_raw_pipe
-from bench.report import PHASES, load_average, machine, targets
+from bench.report import PHASES, cpu_times, load_average, machine, steal_pct, targets
 from bench.workload import BulkProducer, Workload, create_topics, high_watermarks
 from streaming.config import RunConfig
 from txstream.broker import EmbeddedBroker
@@ -85,7 +85,9 @@ def _empty() -> dict[str, Any]:
     """Every field, unmeasured: a skipped phase leaves its fields null, never missing."""
     none = {"p50": None, "p99": None, "max": None, "count": 0}
     return {"raw_pipe": {}, "raw_pipe_tx_per_s": None, "tx_per_s": None, "ratio": None,
-            "ceiling_tx_per_s": None, "ceiling_ratio": None, "ceiling": None,
+            "ceiling_tx_per_s": None, "ceiling_ratio": None,
+            "ceiling_commit_to_visible_ms": dict(none), "ceiling": None,
+            "steal_pct": {},
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
             "latency": None, "batch_ms_vs_pending": []}
@@ -106,21 +108,32 @@ def run_bench(config: RunConfig, options: BenchOptions,
             broker = stack.enter_context(EmbeddedBroker())
             config = config.with_(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
         wait_for_broker(config.kafka)
-        if "pipe" in options.phases:
+        def pipe() -> None:
             say(f"raw pipe: {options.transactions} transactions, no Spark")
             result["raw_pipe"] = measure_raw_pipe(config.kafka, options.transactions,
                                                   config.topic_partitions, say)
             result["raw_pipe_tx_per_s"] = max(result["raw_pipe"].values())
-        if "coordinator" in options.phases:
-            _coordinator(config, options, result, stack, say)
-        if "ceiling" in options.phases:
-            _ceiling(config, options, result, say)
-        if "pending" in options.phases and options.pending:
+
+        def pending() -> None:
+            if not options.pending:
+                return
             if options.isolate:
                 _stop_jvm()  # the points start JVMs of their own: this one would only take memory
             result["batch_ms_vs_pending"] = [
                 dataclasses.asdict(p) for p in _pending_curve(config, options, say)
             ]
+
+        run: dict[str, Callable[[], None]] = {
+            "pipe": pipe,
+            "coordinator": lambda: _coordinator(config, options, result, stack, say),
+            "ceiling": lambda: _ceiling(config, options, result, say),
+            "pending": pending,
+        }
+        for phase in PHASES:
+            if phase in options.phases:
+                before = cpu_times()
+                run[phase]()
+                result["steal_pct"][phase] = steal_pct(before, cpu_times())
         result["load_average_end"] = load_average()
     result["config"] = {
         "transactions": options.transactions, "trigger_ms": config.trigger_ms,
@@ -181,12 +194,17 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
     say(f"ceiling: loading a backlog of {n} committed transactions")
     prepare_topics(config.kafka, workload, n, config.topic_partitions)
     say("ceiling: the coordinator's query with a forwarding function instead of the core")
-    tp = measure_ceiling(config, workload, n, options.driver_memory)
+    # At the coordinator's offered rate, so that the two latencies compare.
+    tp, lat = measure_ceiling(config, workload, n, options.driver_memory,
+                              options.rate or result["offered_tx_per_s"], options.latency_seconds)
     result["ceiling_tx_per_s"] = tp.tx_per_s
     if result["raw_pipe_tx_per_s"]:
         result["ceiling_ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
-    result["ceiling"] = dataclasses.asdict(tp)
-    say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f})")
+    result["ceiling_commit_to_visible_ms"] = lat.commit_to_visible_ms
+    result["ceiling"] = {"throughput": dataclasses.asdict(tp), "latency": dataclasses.asdict(lat)}
+    say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f}); "
+        f"commit->visible p50 {lat.commit_to_visible_ms['p50']} ms at "
+        f"{lat.offered_tx_per_s:,.0f} tx/s")
 
 
 def _stop_jvm() -> None:

@@ -329,9 +329,21 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
         log.debug("batch %d delivered %s", batchId, dict(self.delivered))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        sent = sum(m.total for m in messages if isinstance(m, SinkCommit))
-        log.warning("batch %d failed; %d records of its successful tasks will be sent again",
-                    batchId, sent)
+        """Spark calls this for a batch that did not complete: a task failed, or the query was
+        stopped mid-batch (every stop of ``txstream run``). Either way the batch runs again
+        from the checkpoint; only records its finished tasks wrote deserve a word."""
+        written = sum(m.total for m in messages if isinstance(m, SinkCommit))
+        if not written:
+            log.info("batch %d did not complete and wrote nothing; it runs again from the "
+                     "checkpoint", batchId)
+        elif self.options.replay_check:
+            log.warning("batch %d did not complete; it runs again from the checkpoint, and the "
+                        "%d records its finished tasks wrote are found by id and not written "
+                        "twice", batchId, written)
+        else:
+            log.warning("batch %d did not complete; it runs again from the checkpoint and, with "
+                        "the replay check off, writes the %d records its finished tasks wrote "
+                        "a second time", batchId, written)
 
 
 class KafkaRecordSink(DataSource):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from sinks.kafka_sink import SinkCommit, SinkOptions, send_rows
+from sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_rows
 from sources.kafka_source import register
 from txstream.broker import EmbeddedBroker
 from txstream.errors import SendFailed
@@ -182,3 +183,28 @@ def test_records_for_a_known_topic_outlive_a_new_topics_first_metadata(kafka, un
     finally:
         producer.close(timeout=1)
     assert len(read_topic(kafka, known, timeout_s=10)) == 1 + 20
+
+
+def test_an_incomplete_batch_warns_only_about_records_it_wrote(caplog) -> None:
+    """Stopping the query mid-batch aborts it: a user stopping ``txstream run`` must not read
+    a failure into that, but records already written by the batch's finished tasks are worth
+    a warning, saying whether the rerun writes them again."""
+    settings = json.dumps(KafkaSettings(bootstrap_servers="127.0.0.1:9").as_dict())
+    writer = KafkaRecordWriter(SinkOptions.parse({"kafka": settings}))
+    caplog.set_level(logging.INFO, logger="sinks.kafka_sink")
+
+    writer.abort([None, SinkCommit()], 7)
+    assert [(r.levelno, "wrote nothing" in r.message) for r in caplog.records] == [
+        (logging.INFO, True)]
+
+    caplog.clear()
+    writer.abort([SinkCommit({"visible": 3, "history": 1}), None], 8)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and "4 records" in record.message
+    assert "not written twice" in record.message
+
+    caplog.clear()
+    blind = KafkaRecordWriter(SinkOptions.parse({"kafka": settings, "replay_check": "false"}))
+    blind.abort([SinkCommit({"visible": 2})], 9)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and "a second time" in record.message
