@@ -26,8 +26,7 @@ from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.topics import Topics
 
-__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics",
-           "measure_raw_pipe"]
+__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,8 @@ def prepare_topics(settings: KafkaSettings, workload: Workload, n: int,
         producer.close()
 
 
-def measure_raw_pipe(settings: KafkaSettings, n: int, partitions: int,
-                     say: Callable[[str], None]) -> dict[str, float]:
+def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
+              say: Callable[[str], None]) -> dict[str, float]:
     """The raw pipe's tx/s with 1 and with 2 processes, by the number of processes."""
     out: dict[str, float] = {}
     for processes in (1, min(2, partitions)):
@@ -108,10 +107,11 @@ def run_bench(config: RunConfig, options: BenchOptions,
             broker = stack.enter_context(EmbeddedBroker())
             config = config.with_(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
         wait_for_broker(config.kafka)
+
         def pipe() -> None:
             say(f"raw pipe: {options.transactions} transactions, no Spark")
-            result["raw_pipe"] = measure_raw_pipe(config.kafka, options.transactions,
-                                                  config.topic_partitions, say)
+            result["raw_pipe"] = _raw_pipe(config.kafka, options.transactions,
+                                           config.topic_partitions, say)
             result["raw_pipe_tx_per_s"] = max(result["raw_pipe"].values())
 
         def pending() -> None:
