@@ -43,6 +43,7 @@ class ThroughputResult:
     batches: int
     batch_ms_p50: float | None
     batch_parts_ms_p50: dict[str, float | None]
+    span_ms: tuple[float, float]  # the measured span, wall clock (for bench.cpu)
 
 
 def _header(record: Any, name: str) -> str | None:
@@ -72,10 +73,12 @@ def measure_throughput(harness: Harness, settings: KafkaSettings, workload: Work
     ordered = sorted(stamps)
     n0 = first.released
     if n0 < len(ordered):
-        span_s = (ordered[-1] - ordered[n0 - 1]) / 1000
+        span_ms = (float(ordered[n0 - 1]), float(ordered[-1]))
         measured = len(ordered) - n0
     else:  # all released by one batch (a small N): its duration is the only span there is
-        span_s, measured = first.duration_ms / 1000, len(ordered)
+        span_ms = (ordered[-1] - first.duration_ms, float(ordered[-1]))
+        measured = len(ordered)
+    span_s = (span_ms[1] - span_ms[0]) / 1000
     return ThroughputResult(
         transactions=n,
         tx_per_s=measured / span_s if span_s > 0 else 0.0,
@@ -84,6 +87,7 @@ def measure_throughput(harness: Harness, settings: KafkaSettings, workload: Work
         batches=len(batches),
         batch_ms_p50=percentile([b.duration_ms for b in batches[1:]], 0.5),
         batch_parts_ms_p50=parts_p50(batches[1:]),
+        span_ms=span_ms,
     )
 
 
@@ -91,6 +95,7 @@ def measure_throughput(harness: Harness, settings: KafkaSettings, workload: Work
 class LatencyResult:
     offered_tx_per_s: float
     seconds: float
+    transactions: int  # offered: committed and unknown
     committed: int
     visible: int
     commit_to_visible_ms: dict[str, Any]
@@ -99,6 +104,7 @@ class LatencyResult:
     coordinator_late_ms: dict[str, Any]
     batch_ms_p50: float | None
     batch_parts_ms_p50: dict[str, float | None]
+    offer_span_ms: tuple[float, float]  # when the load was offered, wall clock (for bench.cpu)
     missing: list[str] = field(default_factory=list)
 
 
@@ -191,7 +197,9 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
     mark = harness.log.mark() if harness.log else 0
     reader.start()
     try:
+        offer_started = now_ms()
         offer_load(settings, workload, rate, seconds, unknown_every, offered)
+        offer_span_ms = (float(offer_started), float(now_ms()))
         committed = set(offered.born) - offered.unknown
 
         def done() -> bool:
@@ -220,6 +228,7 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
     return LatencyResult(
         offered_tx_per_s=rate,
         seconds=seconds,
+        transactions=len(offered.born),
         committed=len(committed),
         visible=len(committed) - len([t for t in missing if t in committed]),
         commit_to_visible_ms=summary(latencies),
@@ -228,5 +237,6 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
         coordinator_late_ms=summary(coordinator_late),
         batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
         batch_parts_ms_p50=parts_p50([b for b in batches if b.input_rows]),
+        offer_span_ms=offer_span_ms,
         missing=missing[:10],
     )

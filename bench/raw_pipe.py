@@ -33,6 +33,7 @@ class PipeResult:
     transactions: int
     processes: int
     seconds: float
+    started_ms: float  # wall clock, for the CPU the span used (bench.cpu)
 
     @property
     def tx_per_s(self) -> float:
@@ -106,7 +107,7 @@ def run_raw_pipe(settings: KafkaSettings, topics: Topics, per_partition: dict[in
     try:
         for _ in procs:
             ready.get(timeout=120)
-        started = time.perf_counter()
+        started, started_ms = time.perf_counter(), time.time() * 1000
         go.set()
         total = sum(done.get(timeout=600) for _ in procs)
         elapsed = time.perf_counter() - started
@@ -115,4 +116,4 @@ def run_raw_pipe(settings: KafkaSettings, topics: Topics, per_partition: dict[in
             p.join(30)
             if p.is_alive():
                 p.kill()
-    return PipeResult(total, len(procs), elapsed)
+    return PipeResult(total, len(procs), elapsed, started_ms)

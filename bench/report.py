@@ -6,8 +6,7 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine", "load_average", "cpu_times", "steal_pct", "targets", "format_table",
-           "TARGETS", "PHASES"]
+__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES"]
 
 # What ``txstream bench`` can run, in the order it runs them.
 PHASES = ("pipe", "coordinator", "ceiling", "pending")
@@ -24,26 +23,6 @@ TARGETS = {
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def cpu_times() -> list[int] | None:
-    """The machine's CPU time counters (``/proc/stat``, all CPUs), or None where there are
-    none."""
-    try:
-        with open("/proc/stat") as f:
-            return [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-
-
-def steal_pct(before: list[int] | None, after: list[int] | None) -> float | None:
-    """The share of CPU time the hypervisor gave to other machines between two
-    :func:`cpu_times` (its 8th counter, steal). A virtual machine's speed moves with it: a run
-    with much steal had less than its cores, whatever its code."""
-    if not before or not after or len(before) < 8 or len(after) < 8:
-        return None
-    total = sum(after) - sum(before)
-    return round(100 * (after[7] - before[7]) / total, 1) if total > 0 else None
 
 
 def machine() -> dict[str, Any]:
@@ -106,6 +85,18 @@ def _num(value: float | None, fmt: str = ",.0f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _cpu(cpu: dict[str, dict[str, float | None] | None], spans: tuple[str, ...]) -> str:
+    parts = []
+    for span in spans:
+        use = cpu.get(span)
+        if use:
+            per_tx = use["us_per_tx"]
+            parts.append(f"{span.split('_')[0]} "
+                         + (f"{per_tx:,.0f} us " if per_tx is not None else "")
+                         + f"({use['cores']:.2f} cores)")
+    return ", ".join(parts) or "-"
+
+
 def format_table(r: dict[str, Any]) -> str:
     lat, late, clate = r["commit_to_visible_ms"], r["check_lateness_ms"], r["coordinator_late_ms"]
     clat = r["ceiling_commit_to_visible_ms"]
@@ -127,6 +118,11 @@ def format_table(r: dict[str, Any]) -> str:
         "can reach more)",
         f"{'ceiling_commit_to_visible':<26}{'p50 ' + _ms(clat['p50']):>16}  p99 "
         f"{_ms(clat['p99'])}  (the forwarder's: the floor of commit_to_visible_ms)",
+        f"{'cpu_us_per_tx':<26}{_cpu(r['cpu'], ('pipe', 'coordinator', 'ceiling'))}; "
+        f"cpu_ratio {_num(r['cpu_ratio'], '.2f')} (the machine's CPU, steal not counted)",
+        f"{'  at the offered rate':<26}"
+        f"{_cpu(r['cpu'], ('coordinator_at_rate', 'ceiling_at_rate'))}",
+        f"{'  idle':<26}{_cpu(r['cpu'], ('coordinator_idle',))}",
         f"{'commit_to_visible_ms':<26}{'p50 ' + _ms(lat['p50']):>16}  p99 {_ms(lat['p99'])}"
         f"  max {_ms(lat['max'])}  ({lat['count']} tx at {_num(r['offered_tx_per_s'])} tx/s)",
         f"{'check_lateness_ms':<26}{'p50 ' + _ms(late['p50']):>16}  p99 {_ms(late['p99'])}"

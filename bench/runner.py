@@ -16,10 +16,11 @@ from typing import Any
 
 from bench.ceiling import measure_ceiling
 from bench.coordinator_phases import measure_latency, measure_throughput
+from bench.cpu import CpuMeter, cpu_times, steal_pct
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
-from bench.raw_pipe import run_raw_pipe
-from bench.report import PHASES, cpu_times, load_average, machine, steal_pct, targets
+from bench.raw_pipe import PipeResult, run_raw_pipe
+from bench.report import PHASES, load_average, machine, targets
 from bench.workload import BulkProducer, Workload, create_topics, high_watermarks
 from streaming.config import RunConfig
 from txstream.broker import EmbeddedBroker
@@ -39,6 +40,7 @@ class BenchOptions:
     pending_rate: float = 200.0
     pending_seconds: float = 20.0
     unknown_every: int = 10
+    idle_seconds: float = 10.0  # the coordinator with no traffic, for the CPU it uses idle
     isolate: bool = True
     driver_memory: str = "4g"
     point_timeout_s: float = 3600.0
@@ -65,9 +67,9 @@ def prepare_topics(settings: KafkaSettings, workload: Workload, n: int,
 
 
 def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
-              say: Callable[[str], None]) -> dict[str, float]:
-    """The raw pipe's tx/s with 1 and with 2 processes, by the number of processes."""
-    out: dict[str, float] = {}
+              say: Callable[[str], None]) -> dict[str, PipeResult]:
+    """The raw pipe with 1 and with 2 processes, by the number of processes."""
+    out: dict[str, PipeResult] = {}
     for processes in (1, min(2, partitions)):
         if str(processes) in out:
             continue
@@ -75,7 +77,7 @@ def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
         prepare_topics(settings, workload, n, partitions)
         result = run_raw_pipe(settings, workload.topics,
                               high_watermarks(settings, workload.topics.end), processes)
-        out[str(processes)] = result.tx_per_s
+        out[str(processes)] = result
         say(f"raw pipe, {processes} process(es): {result.tx_per_s:,.0f} tx/s")
     return out
 
@@ -86,7 +88,7 @@ def _empty() -> dict[str, Any]:
     return {"raw_pipe": {}, "raw_pipe_tx_per_s": None, "tx_per_s": None, "ratio": None,
             "ceiling_tx_per_s": None, "ceiling_ratio": None,
             "ceiling_commit_to_visible_ms": dict(none), "ceiling": None,
-            "steal_pct": {},
+            "steal_pct": {}, "cpu": {}, "cpu_ratio": None,
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
             "latency": None, "batch_ms_vs_pending": []}
@@ -103,6 +105,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
     result: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(),
                               **_empty()}
     with ExitStack() as stack:
+        meter = stack.enter_context(CpuMeter())
         if config.kafka.bootstrap_servers.startswith("embedded:"):
             broker = stack.enter_context(EmbeddedBroker())
             config = config.with_(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
@@ -110,9 +113,13 @@ def run_bench(config: RunConfig, options: BenchOptions,
 
         def pipe() -> None:
             say(f"raw pipe: {options.transactions} transactions, no Spark")
-            result["raw_pipe"] = _raw_pipe(config.kafka, options.transactions,
-                                           config.topic_partitions, say)
-            result["raw_pipe_tx_per_s"] = max(result["raw_pipe"].values())
+            runs = _raw_pipe(config.kafka, options.transactions, config.topic_partitions, say)
+            result["raw_pipe"] = {k: r.tx_per_s for k, r in runs.items()}
+            best = max(runs.values(), key=lambda r: r.tx_per_s)
+            result["raw_pipe_tx_per_s"] = best.tx_per_s
+            result["cpu"]["pipe"] = meter.use(best.started_ms,
+                                              best.started_ms + best.seconds * 1000,
+                                              best.transactions)
 
         def pending() -> None:
             if not options.pending:
@@ -125,8 +132,8 @@ def run_bench(config: RunConfig, options: BenchOptions,
 
         run: dict[str, Callable[[], None]] = {
             "pipe": pipe,
-            "coordinator": lambda: _coordinator(config, options, result, stack, say),
-            "ceiling": lambda: _ceiling(config, options, result, say),
+            "coordinator": lambda: _coordinator(config, options, result, stack, meter, say),
+            "ceiling": lambda: _ceiling(config, options, result, meter, say),
             "pending": pending,
         }
         for phase in PHASES:
@@ -135,6 +142,9 @@ def run_bench(config: RunConfig, options: BenchOptions,
                 run[phase]()
                 result["steal_pct"][phase] = steal_pct(before, cpu_times())
         result["load_average_end"] = load_average()
+    pipe_cpu, coordinator_cpu = result["cpu"].get("pipe"), result["cpu"].get("coordinator")
+    if pipe_cpu and coordinator_cpu and coordinator_cpu["us_per_tx"] > 0:
+        result["cpu_ratio"] = pipe_cpu["us_per_tx"] / coordinator_cpu["us_per_tx"]
     result["config"] = {
         "transactions": options.transactions, "trigger_ms": config.trigger_ms,
         "key_window_ms": config.key_window_ms, "key_shards": config.key_shards,
@@ -152,7 +162,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
 
 
 def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any],
-                 stack: ExitStack, say: Callable[[str], None]) -> None:
+                 stack: ExitStack, meter: CpuMeter, say: Callable[[str], None]) -> None:
     """Throughput over a backlog, then latency and check lateness at a fixed offered rate."""
     n = options.transactions
     workload = fresh_workload("co")
@@ -170,12 +180,20 @@ def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any
     if result["raw_pipe_tx_per_s"]:
         result["ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
     result["throughput"] = dataclasses.asdict(tp)
+    result["cpu"]["coordinator"] = meter.use(*tp.span_ms, tp.measured_transactions)
     say(f"coordinator: {tp.tx_per_s:,.0f} tx/s (ratio {result['ratio'] or 0:.2f})")
 
     rate = options.rate or max(1.0, round(tp.tx_per_s / 2))
     say(f"latency: offering {rate:,.0f} tx/s for {options.latency_seconds:.0f} s")
     lat = measure_latency(harness, config.kafka, workload, rate, options.latency_seconds,
                           options.unknown_every)
+    result["cpu"]["coordinator_at_rate"] = meter.use(*lat.offer_span_ms, lat.transactions)
+    # With a 0 s trigger and processing-time timeouts Spark runs batches back to back even
+    # with no input: what that costs a machine with nothing to do.
+    say(f"coordinator: idle for {options.idle_seconds:.0f} s")
+    idle_from = time.time() * 1000
+    time.sleep(options.idle_seconds)
+    result["cpu"]["coordinator_idle"] = meter.use(idle_from, time.time() * 1000, 0)
     harness.stop()
     result["offered_tx_per_s"] = rate
     result["commit_to_visible_ms"] = lat.commit_to_visible_ms
@@ -187,7 +205,7 @@ def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any
 
 
 def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
-             say: Callable[[str], None]) -> None:
+             meter: CpuMeter, say: Callable[[str], None]) -> None:
     """The same query and backlog with the core swapped for a forwarder (bench.ceiling)."""
     n = options.transactions
     workload = fresh_workload("ceil")
@@ -201,6 +219,8 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
     if result["raw_pipe_tx_per_s"]:
         result["ceiling_ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
     result["ceiling_commit_to_visible_ms"] = lat.commit_to_visible_ms
+    result["cpu"]["ceiling"] = meter.use(*tp.span_ms, tp.measured_transactions)
+    result["cpu"]["ceiling_at_rate"] = meter.use(*lat.offer_span_ms, lat.transactions)
     result["ceiling"] = {"throughput": dataclasses.asdict(tp), "latency": dataclasses.asdict(lat)}
     say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f}); "
         f"commit->visible p50 {lat.commit_to_visible_ms['p50']} ms at "

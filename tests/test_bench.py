@@ -14,8 +14,6 @@ import sys
 
 import pytest
 
-from bench.report import cpu_times, steal_pct
-
 pytestmark = pytest.mark.spark
 
 FIELDS = ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "ceiling_tx_per_s", "ceiling_ratio",
@@ -58,6 +56,15 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
     # Each phase says how much CPU the hypervisor took from this machine while it ran.
     assert set(result["steal_pct"]) == {"pipe", "coordinator", "ceiling", "pending"}
     assert all(0 <= v <= 100 for v in result["steal_pct"].values())
+    # And how much CPU each throughput span used per transaction, which steal does not bend.
+    cpu = result["cpu"]
+    assert set(cpu) == {"pipe", "coordinator", "ceiling", "coordinator_at_rate",
+                        "ceiling_at_rate", "coordinator_idle"}
+    for span, use in cpu.items():
+        assert use is not None and use["cores"] > 0, span
+        assert (use["us_per_tx"] is None) == (span == "coordinator_idle"), span
+        assert use["us_per_tx"] is None or use["us_per_tx"] > 0, span
+    assert result["cpu_ratio"] > 0
     # Progress goes to stderr, so stdout is the JSON object alone.
     assert "raw pipe" in proc.stderr
 
@@ -66,16 +73,8 @@ def test_bench_prints_a_table_of_the_phases_it_ran() -> None:
     proc = _bench("--phases", "pipe", "--transactions", "200")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    for name in ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "ceiling_tx_per_s",
+    for name in ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "ceiling_tx_per_s", "cpu_us_per_tx",
                  "commit_to_visible_ms", "check_lateness_ms", "batch_ms_vs_pending", "targets"):
         assert name in out
     assert "not measured" in out  # the coordinator phases were skipped, and it says so
 
-
-def test_steal_is_the_share_of_cpu_time_given_to_other_machines() -> None:
-    # /proc/stat's counters: user nice system idle iowait irq softirq steal ...
-    before = [100, 0, 10, 500, 0, 0, 0, 40, 0, 0]
-    after = [150, 0, 20, 520, 0, 0, 0, 60, 0, 0]
-    assert steal_pct(before, after) == 20.0  # 20 of 100 jiffies
-    assert steal_pct(None, after) is None and steal_pct(before, before) is None
-    assert cpu_times() is not None and len(cpu_times() or []) >= 8  # Linux, as CI is
