@@ -105,6 +105,9 @@ class LatencyResult:
     batch_ms_p50: float | None
     batch_parts_ms_p50: dict[str, float | None]
     offer_span_ms: tuple[float, float]  # when the load was offered, wall clock (for bench.cpu)
+    # CPUs this process (the load's producer, the reader of what comes back) kept busy meanwhile:
+    # part of the machine's CPU at the offered rate that is the benchmark's, not the query's.
+    load_generator_cores: float
     missing: list[str] = field(default_factory=list)
 
 
@@ -197,9 +200,11 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
     mark = harness.log.mark() if harness.log else 0
     reader.start()
     try:
-        offer_started = now_ms()
+        offer_started, own_cpu = now_ms(), time.process_time()
         offer_load(settings, workload, rate, seconds, unknown_every, offered)
         offer_span_ms = (float(offer_started), float(now_ms()))
+        own_cores = (time.process_time() - own_cpu) * 1000 / max(1.0, offer_span_ms[1]
+                                                                 - offer_span_ms[0])
         committed = set(offered.born) - offered.unknown
 
         def done() -> bool:
@@ -238,5 +243,6 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
         batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
         batch_parts_ms_p50=parts_p50([b for b in batches if b.input_rows]),
         offer_span_ms=offer_span_ms,
+        load_generator_cores=round(own_cores, 2),
         missing=missing[:10],
     )

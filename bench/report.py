@@ -102,6 +102,8 @@ def format_table(r: dict[str, Any]) -> str:
     clat = r["ceiling_commit_to_visible_ms"]
     pipes = ", ".join(f"{k} process(es) {v:,.0f}" for k, v in r["raw_pipe"].items())
     tp = r["throughput"] or {}
+    generator = (r["latency"] or {}).get("load_generator_cores")
+    own = "" if generator is None else f"; of which the benchmark's load {generator:.2f} cores"
     lines = [
         f"machine: {r['machine']['cores']} cores, {r['machine']['memory_gb']} GB, "
         f"pyspark {r['machine']['pyspark']}; load average {r['load_average_start']} at start, "
@@ -121,7 +123,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"{'cpu_us_per_tx':<26}{_cpu(r['cpu'], ('pipe', 'coordinator', 'ceiling'))}; "
         f"cpu_ratio {_num(r['cpu_ratio'], '.2f')} (the machine's CPU, steal not counted)",
         f"{'  at the offered rate':<26}"
-        f"{_cpu(r['cpu'], ('coordinator_at_rate', 'ceiling_at_rate'))}",
+        f"{_cpu(r['cpu'], ('coordinator_at_rate', 'ceiling_at_rate'))}{own}",
         f"{'  idle':<26}{_cpu(r['cpu'], ('coordinator_idle',))}",
         f"{'commit_to_visible_ms':<26}{'p50 ' + _ms(lat['p50']):>16}  p99 {_ms(lat['p99'])}"
         f"  max {_ms(lat['max'])}  ({lat['count']} tx at {_num(r['offered_tx_per_s'])} tx/s)",

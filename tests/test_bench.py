@@ -65,6 +65,7 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
         assert (use["us_per_tx"] is None) == (span == "coordinator_idle"), span
         assert use["us_per_tx"] is None or use["us_per_tx"] > 0, span
     assert result["cpu_ratio"] > 0
+    assert result["latency"]["load_generator_cores"] > 0  # the offered load's own share
     # Progress goes to stderr, so stdout is the JSON object alone.
     assert "raw pipe" in proc.stderr
 
