@@ -27,6 +27,7 @@ from typing import Any
 
 from bench.batches import percentile
 from bench.coordinator_phases import measure_latency
+from bench.cpu import cpu_times, steal_pct
 from bench.harness import Harness
 from bench.workload import BulkProducer, Workload, create_topics
 from streaming.config import RunConfig
@@ -56,6 +57,9 @@ class PointResult:
     # CPU seconds of the JVM and its Python workers per busy batch: the work a batch costs,
     # which the machine's other load does not inflate as it does wall time.
     cpu_ms_per_busy_batch: float | None = None
+    # The hypervisor's share of the machine's CPU while the rate was offered (bench.cpu): a
+    # point whose batches grew with it ran on a slower machine, not on more state.
+    steal_pct: float | None = None
     error: str | None = None
 
 
@@ -96,9 +100,9 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
         time.sleep(3)  # idle: only the timeout scan runs
         idle = [b.duration_ms for b in harness.log.of(cfg.query_name, mark) if not b.input_rows]
         mark = harness.log.mark()
-        cpu_before = harness.cpu_s()
+        cpu_before, machine_before = harness.cpu_s(), cpu_times()
         latency = measure_latency(harness, settings, workload, rate, seconds, unknown_every=0)
-        cpu = harness.cpu_s() - cpu_before
+        cpu, machine_after = harness.cpu_s() - cpu_before, cpu_times()
         after = harness.log.of(cfg.query_name, mark)
         busy = [b for b in after if b.input_rows]
         last = harness.batches[-1]
@@ -116,6 +120,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
             state_memory_mb=last.state_memory_bytes / 2**20,
             # Idle batches in the window cost CPU too; spread over the batches that had input.
             cpu_ms_per_busy_batch=cpu * 1000 / len(busy) if busy else None,
+            steal_pct=steal_pct(machine_before, machine_after),
         )
     finally:
         harness.stop()
@@ -148,7 +153,7 @@ def run_point_isolated(config: RunConfig, pending: int, rate: float, seconds: fl
 
 
 def _failed(pending: int, store: str, why: str) -> PointResult:
-    return PointResult(pending, store, 0.0, None, None, 0, 0, None, None, 0.0, 0.0, None, why)
+    return PointResult(pending, store, 0.0, None, None, 0, 0, None, None, 0.0, 0.0, error=why)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,7 +133,7 @@ def format_table(r: dict[str, Any]) -> str:
         "",
         "batch_ms_vs_pending",
         f"  {'pending':>9} {'store':<8} {'busy p50':>10} {'idle p50':>10} {'rows/batch':>10} "
-        f"{'c->v p50':>10} {'RSS':>9} {'state':>9} {'load':>8}",
+        f"{'c->v p50':>10} {'RSS':>9} {'state':>9} {'load':>8} {'steal':>6}",
     ]
     for p in r["batch_ms_vs_pending"]:
         if p.get("error"):
@@ -143,7 +143,8 @@ def format_table(r: dict[str, Any]) -> str:
             f"  {p['pending']:>9,} {p['state_store']:<8} {_ms(p['busy_batch_ms_p50']):>10} "
             f"{_ms(p['idle_batch_ms_p50']):>10} {_num(p['rows_per_busy_batch']):>10} "
             f"{_ms(p['commit_to_visible_ms_p50']):>10} {p['rss_mb']:>6,.0f} MB "
-            f"{p['state_memory_mb']:>6,.0f} MB {p['load_seconds']:>6.0f} s")
+            f"{p['state_memory_mb']:>6,.0f} MB {p['load_seconds']:>6.0f} s "
+            f"{_num(p.get('steal_pct'), '.0f'):>4} %")
     lines += ["", "targets"]
     for name, t in r["targets"].items():
         mark = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.spark
 FIELDS = ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "ceiling_tx_per_s", "ceiling_ratio",
           "commit_to_visible_ms", "check_lateness_ms", "batch_ms_vs_pending")
 POINT_FIELDS = ("pending", "state_store", "busy_batch_ms_p50", "idle_batch_ms_p50", "rss_mb",
-                "state_memory_mb", "cpu_ms_per_busy_batch", "load_seconds")
+                "state_memory_mb", "cpu_ms_per_busy_batch", "load_seconds", "steal_pct")
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
