@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.batches import percentile
+from bench.batches import parts_p50, percentile
 from bench.coordinator_phases import measure_latency
 from bench.cpu import cpu_times, steal_pct
 from bench.harness import Harness
@@ -60,6 +60,9 @@ class PointResult:
     # The hypervisor's share of the machine's CPU while the rate was offered (bench.cpu): a
     # point whose batches grew with it ran on a slower machine, not on more state.
     steal_pct: float | None = None
+    # The median of each part of Spark's durationMs over the busy batches (latestOffset is
+    # the source's high-watermark fetch; addBatch the read, the operator and the sink).
+    busy_batch_parts_ms_p50: dict[str, float | None] | None = None
     error: str | None = None
 
 
@@ -121,6 +124,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
             # Idle batches in the window cost CPU too; spread over the batches that had input.
             cpu_ms_per_busy_batch=cpu * 1000 / len(busy) if busy else None,
             steal_pct=steal_pct(machine_before, machine_after),
+            busy_batch_parts_ms_p50=parts_p50(busy),
         )
     finally:
         harness.stop()
