@@ -109,6 +109,8 @@ class LatencyResult:
     # part of the machine's CPU at the offered rate that is the benchmark's, not the query's.
     load_generator_cores: float
     missing: list[str] = field(default_factory=list)
+    batches: int = 0  # micro-batches from the offer's start until everything came back
+    batches_without_input: int = 0  # of which ran only for timers
 
 
 class Offered:
@@ -245,4 +247,6 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
         offer_span_ms=offer_span_ms,
         load_generator_cores=round(own_cores, 2),
         missing=missing[:10],
+        batches=len(batches),
+        batches_without_input=sum(1 for b in batches if not b.input_rows),
     )

@@ -3,8 +3,9 @@
 A point: P half messages with a check immunity far beyond the run (so no timer fires and
 each stays pending) are loaded into a fresh coordinator; then a fixed rate of committed
 transactions is offered, and the durations of its micro-batches are taken (the busy ones, which
-read input, and the idle ones, which only scan timeouts), with the RSS of the Spark JVM and
-every Python process under it.
+read input, and any idle ones), with the RSS of the Spark JVM and every Python process under
+it. Idle, no timer is due, so no batch should run (txstream.timer_schedule); before the timer
+schedule, idle batches ran back to back, each scanning every key's timeout.
 
 Each point runs in its own process by default (``python -m bench.pending_scale``): a JVM's heap
 only grows, so the memory of a point measured after a bigger one would be the bigger one's.
@@ -100,7 +101,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
         load_s = time.monotonic() - started
         assert harness.log is not None
         mark = harness.log.mark()
-        time.sleep(3)  # idle: only the timeout scan runs
+        time.sleep(3)  # idle: nothing is due, so no batch should run
         idle = [b.duration_ms for b in harness.log.of(cfg.query_name, mark) if not b.input_rows]
         mark = harness.log.mark()
         cpu_before, machine_before = harness.cpu_s(), cpu_times()

@@ -18,6 +18,10 @@ what is already on its topics and leaves those records out (:mod:`sinks.replay`)
 
 A row with ``not_before_ms`` (a timer's record made ahead of its deadline) is sent no earlier
 than that: a back-check never reaches a producer before its transaction's check time.
+
+A ``timer`` row is no record: the tasks return the keys' new timeouts, and the driver-side
+commit folds them into the timer schedule named by option ``timer_file``
+(:mod:`txstream.timer_schedule`), from which the source knows when a batch is due.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -41,8 +46,9 @@ from pyspark.sql.datasource import (
 from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
-from txstream.schema import OUTPUT_SCHEMA
+from txstream.schema import OUTPUT_SCHEMA, Kind
 from txstream.spark_worker import settle
+from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
 from txstream.wire import unpack_headers
 
@@ -64,6 +70,7 @@ class SinkOptions:
     kafka: KafkaSettings
     flush_timeout_s: float = 120.0
     replay_check: bool = True
+    timer_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -76,7 +83,8 @@ class SinkOptions:
         check = (options.get("replay_check") or "true").strip().lower()
         if check not in ("true", "false"):
             raise ConfigError(f"option replay_check must be true or false, got {check!r}")
-        return cls(kafka=kafka, flush_timeout_s=timeout, replay_check=check == "true")
+        return cls(kafka=kafka, flush_timeout_s=timeout, replay_check=check == "true",
+                   timer_file=options.get("timer_file") or None)
 
     @property
     def client_key(self) -> str:
@@ -86,10 +94,14 @@ class SinkOptions:
 @dataclass
 class SinkCommit(WriterCommitMessage):
     """What one task delivered: records acknowledged per ``kind``; ``already_written``:
-    records of a replayed batch found on their topics, so not written again."""
+    records of a replayed batch found on their topics, so not written again; ``timers``: the
+    new timeout (or None) of each state key its rows came from, and ``batch_ms`` their batch's
+    time."""
 
     counts: dict[str, int] = field(default_factory=dict)
     already_written: int = 0
+    timers: dict[int, int | None] = field(default_factory=dict)
+    batch_ms: int | None = None
 
     @property
     def total(self) -> int:
@@ -272,6 +284,22 @@ class _Delivery:
         return dict(self.counts)
 
 
+def _split_timers(rows: list[tuple[Any, ...]], timers: dict[int, int | None]
+                  ) -> tuple[list[tuple[Any, ...]], int | None]:
+    """The rows that are records; each timer row's timeout goes into ``timers`` instead.
+    Also the batch's time, from any row."""
+    records: list[tuple[Any, ...]] = []
+    batch_ms = None
+    for row in rows:
+        if row[0] == Kind.TIMER:
+            timers[int(row[2])] = row[7]
+        else:
+            records.append(row)
+        if len(row) > 6 and row[6] is not None:
+            batch_ms = row[6]
+    return records, batch_ms
+
+
 def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     ready, invalid = _prepared(rows)
     if invalid:
@@ -283,14 +311,16 @@ def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
     """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms[, not_before_ms]])``
     rows; raise SendFailed unless all were acked. Nothing is sent when any row can never be
-    written."""
+    written. Timer rows are not written but returned (:class:`SinkCommit`)."""
+    timers: dict[int, int | None] = {}
+    rows, batch_ms = _split_timers(rows, timers)
     rows = _checked(rows)
     total = len(rows)
     if options.replay_check and replay_suspected():
         rows = _not_yet_written(options, rows)
     delivery = _Delivery(options)
     delivery.send(rows)
-    return SinkCommit(delivery.finish(), total - len(rows))
+    return SinkCommit(delivery.finish(), total - len(rows), timers, batch_ms)
 
 
 def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
@@ -302,9 +332,13 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     if options.replay_check and replay_suspected():
         return send_rows(options, _rows(batches))
     delivery = _Delivery(options)
+    timers: dict[int, int | None] = {}
+    batch_ms = None
     for batch in batches:
-        delivery.send(_checked(_rows([batch])))
-    return SinkCommit(delivery.finish())
+        rows, ms = _split_timers(_rows([batch]), timers)
+        batch_ms = ms if ms is not None else batch_ms
+        delivery.send(_checked(rows))
+    return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms)
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):
@@ -322,11 +356,23 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
         for message in messages:
             if isinstance(message, SinkCommit):
                 self.delivered.update(message.counts)
-        skipped = sum(m.already_written for m in messages if isinstance(m, SinkCommit))
+        commits = [m for m in messages if isinstance(m, SinkCommit)]
+        if self.options.timer_file:
+            self._fold_timers(commits)
+        skipped = sum(m.already_written for m in commits)
         if skipped:
             log.warning("batch %d was a replay: %d records its first run had written were not "
                         "written again", batchId, skipped)
         log.debug("batch %d delivered %s", batchId, dict(self.delivered))
+
+    def _fold_timers(self, commits: list[SinkCommit]) -> None:
+        """Each state key lives in one task, so the tasks' timers never overlap."""
+        assert self.options.timer_file
+        changes: dict[int, int | None] = {}
+        for commit in commits:
+            changes.update(commit.timers)
+        times = [c.batch_ms for c in commits if c.batch_ms is not None]
+        fold_into(Path(self.options.timer_file), changes, max(times) if times else None)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Spark calls this for a batch that did not complete: a task failed, or the query was

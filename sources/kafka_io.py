@@ -88,6 +88,9 @@ class SourceOptions:
     check_crcs: bool = True
     fail_on_data_loss: bool = True
     read_tasks: int = 2  # Spark tasks per micro-batch (slices are grouped); best: the cores
+    # The coordinator's timer schedule (txstream.timer_schedule): the source ticks when a timer
+    # is due. None: no ticks (a query without timers, or with Spark's no-data batches on).
+    timer_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -107,6 +110,7 @@ class SourceOptions:
             check_crcs=_bool(options.get("check_crcs"), True),
             fail_on_data_loss=_bool(options.get("fail_on_data_loss"), True),
             read_tasks=_int(options, "read_tasks", 2, 1) or 2,
+            timer_file=options.get("timer_file") or None,
         )
 
     @property

@@ -21,6 +21,9 @@ Options (strings, as Spark passes them):
 - ``read_tasks`` (2): Spark tasks per micro-batch; the topic-partitions are grouped into them.
 - ``check_crcs`` (true): kafka-python's record CRC check, pure Python unless ``crc32c`` is
   installed.
+- ``timer_file``: the coordinator's timer schedule (:mod:`txstream.timer_schedule`). With it
+  the offset also holds a tick, ``"_tick": {"at": ms, "known": 1}``, moved when a timer is due,
+  so that Spark runs a batch for it with its no-data batches off.
 
 The stream offset is ``{topic: {str(partition): next_offset}}``, so a restart from the
 checkpoint reads exactly the records after the last committed batch. End offsets come from
@@ -30,8 +33,10 @@ the fetch high watermark: tansu answers ``ListOffsets`` wrongly.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -59,6 +64,7 @@ from sources.kafka_io import (
 from txstream.kafka import make_admin
 from txstream.schema import EVENT_SCHEMA
 from txstream.spark_worker import settle
+from txstream.timer_schedule import TICK, Schedule, next_tick
 
 __all__ = [
     "SOURCE_NAME",
@@ -109,13 +115,21 @@ def spread_budget(available: Sequence[int], budget: int) -> list[int]:
     return take
 
 
-def _canonical(offsets: Mapping[str, Mapping[str, int]], topics: Sequence[str]) -> Offsets:
+def _canonical(offsets: Mapping[str, Mapping[str, int]], topics: Sequence[str],
+               tick: Mapping[str, int] | None = None) -> Offsets:
     # Spark compares offsets as JSON text: one key order, always, or "no new data" looks new.
     out: Offsets = {}
     for topic in topics:
         parts = offsets.get(topic, {})
         out[topic] = {p: int(parts[p]) for p in sorted(parts, key=int)}
+    if tick is not None:
+        out[TICK] = {"at": int(tick["at"]), "known": int(tick["known"])}
     return out
+
+
+def _records(offsets: Mapping[str, Mapping[str, int]]) -> dict[str, Mapping[str, int]]:
+    """The topic-partition offsets, without the tick."""
+    return {topic: parts for topic, parts in offsets.items() if topic != TICK}
 
 
 class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -132,6 +146,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._partitions_at = 0.0
         self._known_end: dict[tuple[str, int], int] = {}
         self._target: Offsets | None = None  # Trigger.AvailableNow: do not read past this
+        self._schedule: tuple[Any, Schedule] | None = None  # (the file's identity, schedule)
 
     # --- driver side ---------------------------------------------------------------------
 
@@ -190,8 +205,33 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         parts = self._topic_partitions()
+        tick = {"at": 0, "known": 1} if self.options.timer_file else None
         return _canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
-                          self.options.topics)
+                          self.options.topics, tick)
+
+    def _timers(self) -> Schedule:
+        """The schedule file, parsed again only when it changed (Spark asks every 10 ms)."""
+        assert self.options.timer_file
+        try:
+            stat = os.stat(self.options.timer_file)
+        except FileNotFoundError:
+            return Schedule()  # no batch committed yet
+        # Each save is a new file (an atomic replace): a new inode, whatever the clock's grain.
+        identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if self._schedule is None or self._schedule[0] != identity:
+            self._schedule = (identity, Schedule.load(Path(self.options.timer_file)))
+        return self._schedule[1]
+
+    def _tick(self, start: Mapping[str, Any]) -> Mapping[str, int] | None:
+        """The tick of the next offset: moved when a timer is due, else the start's."""
+        if not self.options.timer_file:
+            return None
+        last = start.get(TICK)
+        if self._target is not None:  # Trigger.AvailableNow ends once the input is read
+            return last
+        now = int(time.time() * 1000)
+        due = next_tick(last, self._timers() if last is not None else None, now)
+        return due if due is not None else last
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger:
@@ -221,6 +261,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return lost
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        tick = self._tick(start)
+        start = _records(start)
         latest = self._high_watermarks(start)
         lost = self._lost(start, latest)
         if self._target is not None:
@@ -242,7 +284,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for (topic, p), s, n in zip(keys, begin, avail, strict=True):
             # A lost partition ends this batch at 0, so the next one reads the new log whole.
             out.setdefault(topic, {})[p] = 0 if (topic, p) in lost else s + n
-        return _canonical(out, list(dict.fromkeys([*self.options.topics, *out])))
+        return _canonical(out, list(dict.fromkeys([*self.options.topics, *out])), tick)
 
     def reportLatestOffset(self) -> dict | None:
         if not self._known_end:
@@ -254,7 +296,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         slices = []
-        for topic, parts in end.items():
+        for topic, parts in _records(end).items():
             for p, stop in parts.items():
                 begin = int(start.get(topic, {}).get(p, 0))
                 if stop > begin:

@@ -4,9 +4,11 @@ Per call (one state key, one micro-batch): decode the key's state, decode each r
 (:func:`sources.events.parse_event`) and apply it, run the timers that are due (or due within
 ``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
 earliest transaction deadline less that lead, and turn the core's effects into records to
-write. ``now`` is Spark's batch timestamp, which a replayed batch keeps, so a replay emits
-exactly what the first run emitted (with the same lead), under the same record ids
-(:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
+write, plus one timer row with the key's new timeout for the driver's timer schedule
+(:mod:`txstream.timer_schedule`). ``now`` is Spark's batch timestamp, which a replayed batch
+keeps, so a replay emits exactly what the first run emitted (with the same lead), under the
+same record ids (:func:`record_id`): that is what lets the sink skip what a crashed run
+already wrote.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from txstream.wire import (
 )
 
 __all__ = ["coordinator_function", "coordinator_tag", "history_row", "in_replay_order",
-           "records_for", "record_id"]
+           "records_for", "record_id", "timer_row"]
 
 _OUTPUT_NAMES = [name for name, _ in OUTPUT_COLUMNS]
 _INPUT = ("kind", "src_partition", "src_offset", "key", "value", "headers", "error")
@@ -107,6 +109,12 @@ def history_row(notes: list[Note], key: int, topics: Topics) -> _Row:
     return (Kind.HISTORY, record, None, dict(Counter(n.event for n in notes)), None)
 
 
+def timer_row(key: int, timeout_ms: int | None) -> _Row:
+    """The key's processing-time timeout as Spark armed it (None: no timer), for the sink to
+    fold into the timer schedule; it is no record and takes no record number."""
+    return (Kind.TIMER, Record("", str(key).encode("ascii"), None), None, None, timeout_ms)
+
+
 def coordinator_tag(topics: Topics) -> str:
     """Names this coordinator in record ids: two coordinators (topic prefixes) releasing to one
     topic never take each other's records for their own."""
@@ -126,12 +134,12 @@ def _frame(rows: list[_Row], ids: list[str], now: int) -> pd.DataFrame:
             "key": [r[1].key for r in rows],
             "value": [r[1].value for r in rows],
             "headers": [pack_headers((*r[1].headers, (H.RECORD_ID, i.encode("ascii"))))
-                        for r, i in zip(rows, ids, strict=True)],
+                        if i else None for r, i in zip(rows, ids, strict=True)],
             "lag_ms": pd.array([r[2] for r in rows], dtype="Int64"),
             **{column: pd.array([r[3].get(event) if r[3] is not None else None for r in rows],
                                 dtype="Int32")
                for event, column in HISTORY_COUNTED.items()},
-            "record_id": ids,
+            "record_id": [i or None for i in ids],
             "batch_ms": np.full(len(rows), now, dtype=np.int64),
             "not_before_ms": pd.array([r[4] for r in rows], dtype="Int64"),
         },
@@ -200,13 +208,17 @@ def coordinator_function(
         epoch, first = bucket.take_numbers(len(rows), now)
         ids = [record_id(tag, state_key, epoch, first + i) for i in range(len(rows))]
         deadline = bucket.next_deadline()
+        timeout = None
         if deadline is None:
             # An empty key keeps no state; its next numbering starts at a later batch time.
             state.remove()
         else:
             state.update((bucket.encode(),))
-            state.setTimeoutDuration(max(1, deadline - policy.timer_lead - now))
-        if rows:
-            yield _frame(rows, ids, now)
+            duration = max(1, deadline - policy.timer_lead - now)
+            state.setTimeoutDuration(duration)
+            timeout = now + duration  # what Spark arms: the batch's time plus the duration
+        rows.append(timer_row(state_key, timeout))
+        ids.append("")
+        yield _frame(rows, ids, now)
 
     return coordinate

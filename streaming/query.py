@@ -5,6 +5,10 @@
       -> observe(per-kind counters)                                      [streaming.progress]
       -> txstream-records (real topics, check topics, discard, dead letter, history)
 
+An idle query runs a micro-batch only when a timer is due: the sink keeps a schedule of the
+keys' timeouts in the checkpoint, and the source moves its offset when one has come
+(txstream.timer_schedule; Spark's no-data batches are off, streaming.session).
+
 The state update and the sink's writes commit together per micro-batch: a batch whose writes
 are not all acknowledged fails and is replayed from the checkpoint with the state it started
 with, so a back-check counts only once it was delivered and nothing is lost.
@@ -21,6 +25,7 @@ from streaming.config import RunConfig
 from streaming.operator import coordinator_function
 from txstream.errors import ConfigError
 from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
+from txstream.timer_schedule import SCHEDULE_FILE
 
 __all__ = ["build_stream", "start_coordinator", "pin_layout", "LAYOUT_FILE", "OBSERVATION"]
 
@@ -69,6 +74,7 @@ def build_stream(spark: Any, config: RunConfig, function: Callable[..., Any] | N
 
     register(spark)  # both data sources: the events source and the records sink
     kafka = json.dumps(config.kafka.as_dict())
+    timer_file = str(config.checkpoint_dir / SCHEDULE_FILE)
     reader = (
         spark.readStream.format("txstream-events")
         .option("kafka", kafka)
@@ -77,6 +83,7 @@ def build_stream(spark: Any, config: RunConfig, function: Callable[..., Any] | N
         .option("topic_partitions", str(config.topic_partitions))
         .option("key_layout", json.dumps(config.layout.as_dict()))
         .option("read_tasks", str(spark.sparkContext.defaultParallelism))
+        .option("timer_file", timer_file)
     )
     if config.max_offsets_per_trigger:
         reader = reader.option("max_offsets_per_trigger", str(config.max_offsets_per_trigger))
@@ -98,6 +105,7 @@ def build_stream(spark: Any, config: RunConfig, function: Callable[..., Any] | N
         outputs.writeStream.format("txstream-records")
         .option("kafka", kafka)
         .option("replay_check", str(config.replay_check).lower())
+        .option("timer_file", timer_file)
         .option("checkpointLocation", str(config.checkpoint_dir))
         .outputMode("append")
         .queryName(config.query_name)

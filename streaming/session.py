@@ -104,6 +104,16 @@ def build_session(
         # sooner, so the two overlap within a task (BENCHMARKS.md, Defaults).
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "30s")
+        # With processing-time timeouts Spark runs batches back to back to look for due ones,
+        # input or not: 1.3-1.45 of 2 cores for an idle coordinator. Off, a batch runs when the
+        # source's offset moves, and the coordinator's source moves it when a timer is due
+        # (txstream.timer_schedule). A query without timeouts loses nothing.
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # How long Spark waits before asking the source again when it had nothing: each ask is
+        # a high-watermark fetch. At Spark's 10 ms an idle coordinator kept 0.26-0.27 cores
+        # busy, at 50 ms 0.08-0.09, at no cost in latency at 1,000 tx/s (BENCHMARKS.md,
+        # section 22); a commit to an idle coordinator waits up to this much longer.
+        .config("spark.sql.streaming.pollingDelay", "50ms")
         # The default (FileContext-based) manager has Hadoop's local file system fork `chmod`
         # and `readlink` for every checkpoint and state file it writes (pyspark ships no native
         # Hadoop library): ~28 processes a second here, ~70 ms of every micro-batch. The

@@ -32,6 +32,7 @@ from kafka_helpers import (
     wait_for,
     wait_until,
 )
+from process_helpers import batch_ids
 
 pytestmark = pytest.mark.spark
 
@@ -235,4 +236,35 @@ def test_restart_from_checkpoint_releases_nothing_twice_and_loses_nothing(
     time.sleep(2)  # a duplicate would come with the first batches after the restart
     bodies = sorted(r.value for r in read_topic(kafka, real))
     assert bodies == [b"A", b"B", b"C"], records
+    query.stop()
+
+
+def test_an_idle_coordinator_runs_a_batch_only_when_a_timer_is_due_also_after_a_restart(
+    spark, kafka: KafkaSettings, topics: Topics, checkpoint_dir: Path, unique: str
+):
+    group, real = f"{unique}-group", f"{unique}-real"
+    cfg = _config(kafka, topics, checkpoint_dir, f"idle-{unique}")
+    query = start_coordinator(spark, cfg)
+    _wait_started(query, kafka, topics)
+    produce(kafka, [half_record(topics, "x", group, real, b"X")])  # never answered
+    wait_until(lambda: any(n["event"] == "half" for n in history_of(kafka, topics, "x")))
+    query.stop()
+    # The timer armed before the stop fires after the restart: the schedule is in the checkpoint.
+    query = start_coordinator(spark, cfg)
+    wait_for(kafka, topics.check(group), 3, timeout_s=60)
+    asked = [n["at"] for n in history_of(kafka, topics, "x") if n["event"] == "check_sent"]
+    # While idle, each check comes on time (Spark's batches would otherwise run back to back).
+    assert 0 <= asked[2] - (asked[1] + POLICY.check_interval) < 1000, asked
+    done = batch_ids(checkpoint_dir, "commits")
+    time.sleep(POLICY.check_interval * 2.2 / 1000)
+    # About one batch per check; back to back, a batch takes a fraction of a second.
+    assert len(batch_ids(checkpoint_dir, "commits") - done) <= 4
+
+    produce(kafka, [end_record(topics, "x", group, COMMIT)])
+    wait_for(kafka, real, 1)
+    time.sleep(1)  # the batch that released it commits
+    done = batch_ids(checkpoint_dir, "commits")
+    time.sleep(3)
+    # Nothing is due before the resolved transaction's retention (120 s): no batch at all.
+    assert batch_ids(checkpoint_dir, "commits") == done
     query.stop()

@@ -37,6 +37,7 @@ from state.keys import UNROUTABLE, KeyLayout
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EVENT_COLUMNS, EventKind
+from txstream.timer_schedule import TICK, Schedule
 from txstream.topics import Topics
 from txstream.wire import Record, encode_end, encode_half, unpack_headers
 
@@ -234,6 +235,38 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     reader.prepareForTriggerAvailableNow()
     produce(kafka, [Record(topics.end, b"late", b"v", ())])
     assert reader.latestOffset(latest, ReadAllAvailable()) == latest
+
+
+@pytest.mark.kafka
+def test_the_offset_ticks_when_a_scheduled_timer_is_due(kafka, topics, tmp_path) -> None:
+    timers = tmp_path / "timers.json"
+    reader = _reader(kafka, topics, timer_file=timers)
+    start = reader.initialOffset()
+    assert start[TICK] == {"at": 0, "known": 1}
+    # Nothing scheduled, no input: the same offset, so Spark runs no batch.
+    assert json.dumps(reader.latestOffset(start, ReadAllAvailable())) == json.dumps(start)
+    far = int(time.time() * 1000) + 3_600_000
+    Schedule({7: far}).save(timers)
+    assert reader.latestOffset(start, ReadAllAvailable()) == start
+    # A timeout passed: the tick moves to now, and that batch reads no records.
+    Schedule({7: far, 8: 5}).save(timers)
+    before = int(time.time() * 1000)
+    ticked = reader.latestOffset(start, ReadAllAvailable())
+    assert ticked[TICK]["known"] == 1 and ticked[TICK]["at"] >= before
+    assert {t: ps for t, ps in ticked.items() if t != TICK} == {
+        t: ps for t, ps in start.items() if t != TICK}
+    assert reader.partitions(start, ticked) == []
+    # The batch that tick started ran the timeout: once committed, it moves no more.
+    assert reader.latestOffset(ticked, ReadAllAvailable()) == ticked
+    # Input moves the topic offsets and keeps the tick.
+    produce(kafka, [Record(topics.end, b"k", b"v", ())])
+    moved = reader.latestOffset(ticked, ReadAllAvailable())
+    assert moved[TICK] == ticked[TICK] and sum(moved[topics.end].values()) == 1
+    # A checkpoint from before ticks (no tick in its offset) runs batches back to back.
+    old = {t: ps for t, ps in moved.items() if t != TICK}
+    assert reader.latestOffset(old, ReadAllAvailable())[TICK]["known"] == 0
+    # Without a timer file the offset holds no tick at all.
+    assert TICK not in _reader(kafka, topics).latestOffset(old, ReadAllAvailable())
 
 
 def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice | SliceGroup,

@@ -41,8 +41,11 @@ class Kind:
     DISCARD = "discard"
     DEAD_LETTER = "dead_letter"
     HISTORY = "history"
+    # Not a record: a state key's next timeout (``not_before_ms``; null: none), which the sink
+    # folds into the timer schedule (txstream.timer_schedule) instead of writing it.
+    TIMER = "timer"
 
-    ALL = (VISIBLE, CHECK, DISCARD, DEAD_LETTER, HISTORY)
+    ALL = (VISIBLE, CHECK, DISCARD, DEAD_LETTER, HISTORY, TIMER)
 
 
 # One row per Kafka record read from the half or end topic, undecoded: the operator decodes it
@@ -80,7 +83,7 @@ OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("record_id", "string"),
     ("batch_ms", "bigint"),
     # A timer's record made ahead of its deadline (state.policy.Policy.timer_lead): the sink
-    # sends it no earlier than this. Null: at once.
+    # sends it no earlier than this. Null: at once. A TIMER row: the key's next timeout.
     ("not_before_ms", "bigint"),
 )
 OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
