@@ -53,7 +53,7 @@ class RunConfig:
     topics: Topics = field(default_factory=Topics)
     policy: Policy = field(default_factory=Policy)
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
-    trigger_ms: int = 0  # 0: batches back to back (best latency; ~1.4 cores busy when idle)
+    trigger_ms: int = 0  # 0: a batch as soon as input or a due timer is there (best latency)
     # State keys (state/keys.py): a transaction id's creation-time window and one of
     # ``key_shards`` shards; ``buckets`` hash buckets for ids that carry no time. Pinned in the
     # checkpoint (streaming.query.pin_layout).
