@@ -76,8 +76,8 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
     return forward
 
 
-def measure_ceiling(config: RunConfig, workload: Workload, n: int, driver_memory: str,
-                    rate: float | None, seconds: float
+def measure_ceiling(config: RunConfig, workload: Workload, n: int, rate: float | None,
+                    seconds: float
                     ) -> tuple[ThroughputResult, LatencyResult]:
     """The stand-in's throughput over ``workload``'s backlog of ``n`` committed transactions
     (already in its topics), then its commit → visible latency at ``rate`` tx/s (None: half
@@ -85,8 +85,7 @@ def measure_ceiling(config: RunConfig, workload: Workload, n: int, driver_memory
     checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-ceiling-"))
     cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
                        query_name=f"ceiling-{uuid.uuid4().hex[:6]}")
-    harness = Harness(cfg, driver_memory,
-                      function=forwarding_function(workload.real_topic, workload.topics,
+    harness = Harness(cfg, function=forwarding_function(workload.real_topic, workload.topics,
                                                    workload.body_bytes))
     try:
         tp = measure_throughput(harness, config.kafka, workload, n, timeout_s=max(600, n / 20))

@@ -22,11 +22,10 @@ class BenchFailed(TxStreamError):
     """A phase could not finish (the coordinator failed, or a wait timed out)."""
 
 
-def session_for(config: RunConfig, driver_memory: str) -> tuple[Any, BatchLog]:
+def session_for(config: RunConfig) -> tuple[Any, BatchLog]:
     """The session (started once per process) with a batch log listening to every query.
 
-    ``driver_memory`` only takes effect when this call starts the JVM: 1M pending transactions
-    do not fit Spark's default 1 GiB heap.
+    ``config.driver_memory`` only takes effect when this call starts the JVM.
     """
     from streaming.session import build_session
 
@@ -35,7 +34,7 @@ def session_for(config: RunConfig, driver_memory: str) -> tuple[Any, BatchLog]:
         state_store=config.state_store,
         jit=config.jit,
         app_name="txstream-bench",
-        extra={"spark.driver.memory": driver_memory},
+        driver_memory=config.driver_memory,
     )
     # A session outlives one query: the store provider and partitions are read when a query
     # starts with a new checkpoint, so set them for this one.
@@ -55,10 +54,8 @@ def session_for(config: RunConfig, driver_memory: str) -> tuple[Any, BatchLog]:
 class Harness:
     """Start the coordinator of ``config`` and wait on what its batches report."""
 
-    def __init__(self, config: RunConfig, driver_memory: str = "4g",
-                 function: Callable[..., Any] | None = None) -> None:
+    def __init__(self, config: RunConfig, function: Callable[..., Any] | None = None) -> None:
         self.config = config
-        self.driver_memory = driver_memory
         self.function = function  # None: the coordinator's own (streaming.query.build_stream)
         self.coordinator: Any = None
         self.log: BatchLog | None = None
@@ -67,7 +64,7 @@ class Harness:
     def start(self) -> Harness:
         from streaming.run import Coordinator
 
-        _, self.log = session_for(self.config, self.driver_memory)
+        _, self.log = session_for(self.config)
         self.coordinator = Coordinator(self.config, function=self.function).start()
         self.started_at = time.monotonic()
         return self

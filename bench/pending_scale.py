@@ -81,7 +81,7 @@ def _load(settings: KafkaSettings, workload: Workload, pending: int) -> None:
 
 
 def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
-              driver_memory: str = "4g", load_timeout_s: float = 3600) -> PointResult:
+              load_timeout_s: float = 3600) -> PointResult:
     """One point, in this process; ``config`` names the broker, store and other settings."""
     settings = config.kafka
     prefix = f"p{uuid.uuid4().hex[:8]}_"
@@ -92,7 +92,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
     create_topics(settings, [*workload.topics.system(), workload.real_topic,
                              workload.topics.check(workload.group)], cfg.topic_partitions)
     _load(settings, workload, pending)
-    harness = Harness(cfg, driver_memory)
+    harness = Harness(cfg)
     try:
         started = time.monotonic()
         harness.start()
@@ -133,7 +133,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
 
 
 def run_point_isolated(config: RunConfig, pending: int, rate: float, seconds: float,
-                       driver_memory: str, timeout_s: float) -> PointResult:
+                       timeout_s: float) -> PointResult:
     """:func:`run_point` in a fresh Python process (and so a fresh JVM)."""
     spec = {
         "bootstrap_servers": config.kafka.bootstrap_servers,
@@ -142,7 +142,7 @@ def run_point_isolated(config: RunConfig, pending: int, rate: float, seconds: fl
         # fall back to its default in the point's process).
         "run": {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                 if f.name not in _NOT_PASSED},
-        "pending": pending, "rate": rate, "seconds": seconds, "driver_memory": driver_memory,
+        "pending": pending, "rate": rate, "seconds": seconds,
     }
     try:
         proc = subprocess.run([sys.executable, "-m", "bench.pending_scale", json.dumps(spec)],
@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     config = RunConfig(kafka=KafkaSettings(bootstrap_servers=spec["bootstrap_servers"]),
                        policy=Policy(**spec["config"]), **spec["run"])
     try:
-        result = run_point(config, spec["pending"], spec["rate"], spec["seconds"],
-                           spec["driver_memory"])
+        result = run_point(config, spec["pending"], spec["rate"], spec["seconds"])
     except Exception as exc:  # reported to the parent as this point's error
         result = _failed(spec["pending"], config.state_store, f"{type(exc).__name__}: {exc}")
     print(json.dumps(dataclasses.asdict(result)), flush=True)

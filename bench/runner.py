@@ -42,7 +42,6 @@ class BenchOptions:
     unknown_every: int = 10
     idle_seconds: float = 10.0  # the coordinator with no traffic, for the CPU it uses idle
     isolate: bool = True
-    driver_memory: str = "4g"
     point_timeout_s: float = 3600.0
     phases: tuple[str, ...] = PHASES
 
@@ -172,7 +171,7 @@ def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any
                        query_name=f"bench-{uuid.uuid4().hex[:6]}")
     say(f"coordinator: loading a backlog of {n} committed transactions")
     prepare_topics(config.kafka, workload, n, cfg.topic_partitions)
-    harness = Harness(cfg, options.driver_memory)
+    harness = Harness(cfg)
     stack.callback(harness.stop)
     say("coordinator: starting; throughput over the backlog")
     tp = measure_throughput(harness, config.kafka, workload, n, timeout_s=max(600, n / 20))
@@ -213,8 +212,8 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
     prepare_topics(config.kafka, workload, n, config.topic_partitions)
     say("ceiling: the coordinator's query with a forwarding function instead of the core")
     # At the coordinator's offered rate, so that the two latencies compare.
-    tp, lat = measure_ceiling(config, workload, n, options.driver_memory,
-                              options.rate or result["offered_tx_per_s"], options.latency_seconds)
+    tp, lat = measure_ceiling(config, workload, n, options.rate or result["offered_tx_per_s"],
+                              options.latency_seconds)
     result["ceiling_tx_per_s"] = tp.tx_per_s
     if result["raw_pipe_tx_per_s"]:
         result["ceiling_ratio"] = tp.tx_per_s / result["raw_pipe_tx_per_s"]
@@ -248,11 +247,10 @@ def _pending_curve(config: RunConfig, options: BenchOptions,
             started = time.monotonic()
             if options.isolate:
                 point = run_point_isolated(cfg, pending, options.pending_rate,
-                                           options.pending_seconds, options.driver_memory,
-                                           options.point_timeout_s)
+                                           options.pending_seconds, options.point_timeout_s)
             else:
                 point = run_point(cfg, pending, options.pending_rate, options.pending_seconds,
-                                  options.driver_memory, options.point_timeout_s)
+                                  options.point_timeout_s)
             say(f"pending: {pending:,} {store}: busy batch p50 {point.busy_batch_ms_p50} ms, "
                 f"RSS {point.rss_mb:,.0f} MB ({time.monotonic() - started:.0f} s)"
                 + (f"; failed: {point.error}" if point.error else ""))

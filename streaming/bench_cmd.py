@@ -64,7 +64,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="run the pending points in this process (faster; memory figures "
                         "then include the earlier points)")
-    p.add_argument("--driver-memory", default="4g", help="Spark driver heap (default 4g)")
     p.add_argument("--point-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="give up on a pending point after this long (default 3600)")
     p.add_argument("--phases", type=_phases, default=PHASES,
@@ -97,7 +96,6 @@ def bench_command(args: argparse.Namespace) -> int:
         pending_seconds=args.pending_seconds,
         unknown_every=args.unknown_every,
         isolate=not args.in_process,
-        driver_memory=args.driver_memory,
         phases=args.phases,
         point_timeout_s=args.point_timeout,
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from state.keys import KeyLayout
 from state.policy import Policy
-from streaming.session import JIT_OPTIONS
+from streaming.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
@@ -63,6 +63,7 @@ class RunConfig:
     shuffle_partitions: int = 2
     state_store: str = "default"  # or "rocksdb"
     jit: str = "c1"  # the JVM's compilers: "c1" (quick, least CPU) or "tiered" (streaming.session)
+    driver_memory: str = DEFAULT_DRIVER_MEMORY  # the driver's heap, which holds the local state
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
     history: bool = True  # write every transition to the history topic (txstream history)
@@ -85,6 +86,10 @@ class RunConfig:
             raise ConfigError(f"jit must be one of {', '.join(JIT_OPTIONS)}, not {self.jit!r}")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
+        try:
+            check_driver_memory(self.driver_memory)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def layout(self) -> KeyLayout:
@@ -134,6 +139,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--jit", choices=tuple(JIT_OPTIONS), default=_env("jit"),
                    help="the JVM's compilers: c1 (default: quick, least CPU on small machines) "
                         "or tiered (the JVM's default, C2 too)")
+    p.add_argument("--driver-memory", default=_env("driver-memory"),
+                   help=f"the Spark driver's heap, where local state lives (default "
+                        f"{DEFAULT_DRIVER_MEMORY}: ~420 bytes per pending transaction with "
+                        f"200-byte bodies, plus ~200 MB)")
     p.add_argument("--max-offsets-per-trigger", type=int,
                    default=_env("max-offsets-per-trigger"))
     p.add_argument("--topic-prefix", default=_env("topic-prefix") or "",
@@ -198,8 +207,9 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
     if getattr(args, "key_window", None) is not None:
         changes["key_window_ms"] = parse_duration_ms(args.key_window)
     for name in ("buckets", "key_shards", "shuffle_partitions", "state_store",
-                 "max_offsets_per_trigger", "jit"):
+                 "max_offsets_per_trigger", "jit", "driver_memory"):
         value = getattr(args, name)
         if value is not None:
-            changes[name] = value if name in ("state_store", "jit") else int(value)
+            text = name in ("state_store", "jit", "driver_memory")
+            changes[name] = value if text else int(value)
     return RunConfig(**changes)

@@ -22,6 +22,7 @@ from typing import Any
 from state.bucket import Bucket
 from state.lifecycle import Transaction
 from streaming.kafka_args import format_ms
+from streaming.session import DEFAULT_DRIVER_MEMORY, check_driver_memory
 from txstream.errors import ConfigError
 
 __all__ = ["add_parser", "pending_command", "PendingRow", "read_pending", "latest_batch"]
@@ -144,12 +145,20 @@ def add_parser(sub: Any) -> None:
                    required=not os.environ.get("TXSTREAM_CHECKPOINT_DIR"),
                    help="the coordinator's --checkpoint-dir (env TXSTREAM_CHECKPOINT_DIR)")
     p.add_argument("--json", action="store_true", help="one JSON object per transaction")
+    p.add_argument("--driver-memory", default=os.environ.get("TXSTREAM_DRIVER_MEMORY"),
+                   help="the Spark driver's heap for reading the state (default "
+                        f"{DEFAULT_DRIVER_MEMORY}; env TXSTREAM_DRIVER_MEMORY, as for run)")
     p.set_defaults(func=pending_command)
 
 
 def pending_command(args: argparse.Namespace) -> int:
     from streaming.session import build_session
 
+    memory = args.driver_memory or DEFAULT_DRIVER_MEMORY
+    try:
+        check_driver_memory(memory)
+    except ValueError as exc:
+        raise ConfigError(f"--driver-memory: {exc}") from None
     checkpoint = Path(args.checkpoint_dir)
     local = "://" not in str(args.checkpoint_dir)
     if local and not (checkpoint / "offsets").is_dir():
@@ -166,7 +175,7 @@ def pending_command(args: argparse.Namespace) -> int:
     # Defaults on purpose: getOrCreate applies the builder's settings to a session that already
     # exists in this process (a test's, the demo's), and the reader takes the partitioning from
     # the checkpoint anyway.
-    spark = build_session(app_name="txstream-pending")
+    spark = build_session(app_name="txstream-pending", driver_memory=memory)
     # A URI goes to Spark untouched: Path would fold "hdfs://nn/x" into "hdfs:/nn/x".
     where_read = checkpoint if local else args.checkpoint_dir
     try:

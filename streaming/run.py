@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +21,9 @@ from txstream.broker import EmbeddedBroker
 from txstream.kafka import wait_for_broker
 
 __all__ = ["add_parser", "run_command", "Coordinator"]
+
+# Spark's exit code for a JVM that ran out of heap (org.apache.spark.util.SparkExitCode.OOM).
+_JVM_OUT_OF_MEMORY = 52
 
 
 def _say(text: str) -> None:
@@ -50,6 +54,7 @@ class Coordinator:
             shuffle_partitions=self.config.shuffle_partitions,
             state_store=self.config.state_store,
             jit=self.config.jit,
+            driver_memory=self.config.driver_memory,
         )
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         self.spark.streams.addListener(self.listener)
@@ -57,30 +62,60 @@ class Coordinator:
         return self
 
     def stop(self) -> None:
+        # Every call may find the JVM gone (it died of its heap): there is nothing left to stop.
         if self.query is not None:
-            # Stopping interrupts the running batch on purpose; Spark would log that as an error
-            # with a stack trace. The checkpoint makes the interrupted batch run again.
-            self.spark.sparkContext.setLogLevel("OFF")
             try:
+                # Stopping interrupts the running batch on purpose; Spark would log that as an
+                # error with a stack trace. The checkpoint makes the interrupted batch run again.
+                self.spark.sparkContext.setLogLevel("OFF")
                 self.query.stop()
             except Exception:  # stopping a failed query raises its failure again
                 pass
         if self.spark is not None and self.listener is not None:
-            self.spark.streams.removeListener(self.listener)
+            try:
+                self.spark.streams.removeListener(self.listener)
+            except Exception:
+                pass
         self.query = None
 
     def failure(self) -> str | None:
-        """The query's failure as one line, or None while it is healthy."""
+        """The query's failure as one line, or None while it is healthy. A driver that ran
+        out of heap says so, with the flag that fixes it: Spark's own last words then blame
+        whatever its shutdown broke."""
         if self.query is None:
             return None
-        exc = self.query.exception()
-        if exc is None:
+        try:
+            exc = self.query.exception()
+            text = "" if exc is None else str(exc) or "query failed"
+        except Exception as gone:  # py4j: the JVM that ran the query has exited
+            text = f"the Spark JVM is gone ({type(gone).__name__})"
+        if not text:
             return None
-        text = str(exc)
+        code = self._jvm_exit_code(wait_s=5.0)
+        if code == _JVM_OUT_OF_MEMORY or "OutOfMemoryError" in text:
+            return (f"the Spark driver ran out of memory (java.lang.OutOfMemoryError with "
+                    f"--driver-memory {self.config.driver_memory}): restart with more, the "
+                    f"checkpoint keeps everything. Pending half messages live in that heap, "
+                    f"and a burst of big ones born in the same second needs the most "
+                    f"(README: sizing the driver's heap).")
         for line in text.splitlines():
             if "Error" in line or "Exception" in line:
                 return line.strip()[:500]
-        return text.splitlines()[0][:500] if text else "query failed"
+        line = text.splitlines()[0][:500]
+        return f"{line} (the Spark JVM exited with code {code})" if code is not None else line
+
+    def _jvm_exit_code(self, wait_s: float) -> int | None:
+        """The exit code of the JVM this process started for Spark, once it has exited (it may
+        take ``wait_s`` to finish its shutdown); None while it runs, or under spark-submit."""
+        gateway = getattr(self.spark.sparkContext, "_gateway", None) if self.spark else None
+        proc = getattr(gateway, "proc", None)  # pyspark keeps the JVM's Popen there
+        if proc is None:
+            return None
+        try:
+            code: int = proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return code
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -133,6 +168,8 @@ def run_command(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             _say("stopping coordinator")
             return 0
+        except Exception:  # awaitTermination raises the query's failure, said below in one line
+            pass
         failure = coordinator.failure()
         if failure:
             print(f"txstream: coordinator failed: {failure}", file=sys.stderr)

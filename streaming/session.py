@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
 
-__all__ = ["build_session", "with_no_fork_fs", "LOG4J_CONFIG", "JIT_OPTIONS", "ROCKSDB_SETTINGS"]
+__all__ = ["build_session", "with_no_fork_fs", "check_driver_memory", "LOG4J_CONFIG",
+           "JIT_OPTIONS", "ROCKSDB_SETTINGS", "DEFAULT_DRIVER_MEMORY"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 
@@ -29,6 +31,14 @@ ROCKSDB_SETTINGS = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+
+# The driver's heap, where a local coordinator's state store lives. Spark's own default is
+# 1g: with 1M pending transactions (200-byte bodies) ~600 MB of it stayed live after each GC,
+# and the store's timeout scan copies every state key's value each batch, so G1 ran mixed
+# collections back to back; 2g held 1M with room to spare (BENCHMARKS.md, section 23).
+DEFAULT_DRIVER_MEMORY = "2g"
+_MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|t|tb)?$", re.IGNORECASE)
+_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 _PYSPARK_PANDAS_WARNING = "ignore:The behavior of DataFrame concatenation:FutureWarning"
 
@@ -53,6 +63,18 @@ def with_no_fork_fs(settings: dict[str, Any], jar: Path) -> dict[str, Any]:
     }
 
 
+def check_driver_memory(text: str) -> str:
+    """``text`` if Spark takes it as a driver heap (``2g``, ``1536m``; a bare number is MiB),
+    else ValueError. Spark refuses to start with less than ~450 MiB of heap."""
+    match = _MEMORY.match(text.strip())
+    if not match:
+        raise ValueError(f"driver memory must look like 2g or 1536m, not {text!r}")
+    number, unit = match.groups()
+    if int(number) * _MIB[(unit or "m")[0].lower()] < 512:
+        raise ValueError(f"driver memory must be at least 512m (Spark needs ~450m), not {text!r}")
+    return text.strip()
+
+
 def build_session(
     master: str | None = None,
     shuffle_partitions: int = 2,
@@ -60,14 +82,16 @@ def build_session(
     app_name: str = "txstream",
     extra: dict[str, Any] | None = None,
     jit: str = "c1",
+    driver_memory: str = DEFAULT_DRIVER_MEMORY,
 ) -> Any:
     """A SparkSession (``getOrCreate``): quiet logs, few shuffle partitions, worker reuse on.
 
     ``shuffle_partitions`` and ``state_store`` are fixed in a query's checkpoint on its first
     run; Spark's default of 200 partitions made a batch 18x slower than 2 here.
 
-    ``jit``: a key of :data:`JIT_OPTIONS`; like the two above, it only takes effect when this
-    call starts the JVM.
+    ``jit``: a key of :data:`JIT_OPTIONS`, and ``driver_memory`` (:data:`DEFAULT_DRIVER_MEMORY`):
+    like the two above, they only take effect when this call starts the JVM; under
+    ``spark-submit`` its ``--driver-memory`` stands.
 
     ``master``: None is ``local[2]`` on loopback, unless ``spark-submit`` started this driver
     (it sets ``PYSPARK_GATEWAY_PORT``): then its ``--master`` and network settings stand, since
@@ -87,6 +111,7 @@ def build_session(
 
     if jit not in JIT_OPTIONS:
         raise ValueError(f"jit must be one of {sorted(JIT_OPTIONS)}, got {jit!r}")
+    check_driver_memory(driver_memory)
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {JIT_OPTIONS[jit]}".strip()
     builder = (
         SparkSession.builder.appName(app_name)
@@ -132,7 +157,8 @@ def build_session(
         if jar is not None:
             settings = with_no_fork_fs(settings, jar)
     if not submitted:
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
+        builder = (builder.config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.memory", driver_memory))
     if state_store == "rocksdb":
         for key, value in ROCKSDB_SETTINGS.items():
             builder = builder.config(key, value)

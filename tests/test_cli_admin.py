@@ -235,6 +235,9 @@ def test_pending_after_the_coordinator_stopped(
 
     rc, _, err = _cli(capsys, "pending", "--checkpoint-dir", str(checkpoint_dir / "nope"))
     assert rc == 2 and "not a coordinator checkpoint" in err
+    rc, _, err = _cli(capsys, "pending", "--checkpoint-dir", str(checkpoint_dir),
+                      "--driver-memory", "lots")
+    assert rc == 2 and "--driver-memory" in err and "2g or 1536m" in err
 
 
 def test_demo_roles_against_a_running_coordinator(

@@ -11,8 +11,12 @@ import pytest
 
 from streaming.config import RunConfig
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.session import JIT_OPTIONS, build_session, with_no_fork_fs
+from streaming.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, build_session, with_no_fork_fs
+from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
+
+from kafka_helpers import wait_until
+from process_helpers import CoordinatorProcess, descendants
 
 
 def _jvm_arguments(spark: Any) -> list[str]:
@@ -28,6 +32,41 @@ def test_the_session_runs_the_quick_compiler_only_by_default(spark: Any) -> None
     hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     option = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
     assert option.getVMOption("TieredStopAtLevel").getValue() == "1"
+
+
+def test_the_session_has_the_heap_it_was_given_not_sparks_1g(spark: Any) -> None:
+    assert f"-Xmx{DEFAULT_DRIVER_MEMORY}" in _jvm_arguments(spark)
+    heap_mib = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
+    assert heap_mib > 1536  # the JVM's own view; Spark's default would give ~1024
+
+
+def _driver_jvm_command_line(pid: int) -> list[str] | None:
+    """The driver JVM's arguments; not those of Spark's launcher, a short-lived ``java`` that
+    only builds the driver's command line (with a heap of its own, 128m)."""
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone meanwhile
+        if (argv[0].endswith("java") and "org.apache.spark.deploy.SparkSubmit" in argv
+                and "org.apache.spark.launcher.Main" not in argv):
+            return argv
+    return None
+
+
+def test_txstream_run_starts_its_jvm_with_the_driver_memory_asked_for(
+        broker: EmbeddedBroker, tmp_path: Any) -> None:
+    args = ["--bootstrap-servers", broker.bootstrap_servers, "--checkpoint-dir",
+            str(tmp_path / "cp"), "--topic-prefix", f"{tmp_path.name}_", "--driver-memory",
+            "1536m"]
+    process = CoordinatorProcess(args, tmp_path / "run.log").start()
+    try:
+        assert process.proc is not None
+        java = wait_until(lambda: _driver_jvm_command_line(process.proc.pid), timeout_s=90)
+        assert "-Xmx1536m" in java, java
+    finally:
+        process.terminate()
 
 
 def test_an_unknown_jit_is_refused_before_any_jvm_starts() -> None:
