@@ -91,7 +91,7 @@ class Coordinator:
             text = f"the Spark JVM is gone ({type(gone).__name__})"
         if not text:
             return None
-        code = self._jvm_exit_code(wait_s=5.0)
+        code = self._jvm_exit_code()
         if code == _JVM_OUT_OF_MEMORY or "OutOfMemoryError" in text:
             return (f"the Spark driver ran out of memory (java.lang.OutOfMemoryError with "
                     f"--driver-memory {self.config.driver_memory}): restart with more, the "
@@ -104,12 +104,19 @@ class Coordinator:
         line = text.splitlines()[0][:500]
         return f"{line} (the Spark JVM exited with code {code})" if code is not None else line
 
-    def _jvm_exit_code(self, wait_s: float) -> int | None:
-        """The exit code of the JVM this process started for Spark, once it has exited (it may
-        take ``wait_s`` to finish its shutdown); None while it runs, or under spark-submit."""
+    def _jvm_exit_code(self, wait_s: float = 5.0) -> int | None:
+        """The exit code of the JVM this process started for Spark, if it has exited or is
+        exiting (its context stopped: it gets up to ``wait_s`` to finish); None while it runs
+        on, or under spark-submit."""
         gateway = getattr(self.spark.sparkContext, "_gateway", None) if self.spark else None
         proc = getattr(gateway, "proc", None)  # pyspark keeps the JVM's Popen there
         if proc is None:
+            return None
+        try:
+            exiting = bool(self.spark.sparkContext._jsc.sc().isStopped())
+        except Exception:  # py4j: nobody answers, the JVM is gone or going
+            exiting = True
+        if not exiting:
             return None
         try:
             code: int = proc.wait(timeout=wait_s)
