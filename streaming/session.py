@@ -10,8 +10,8 @@ from typing import Any
 
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
 
-__all__ = ["build_session", "with_no_fork_fs", "check_driver_memory", "LOG4J_CONFIG",
-           "JIT_OPTIONS", "ROCKSDB_SETTINGS", "DEFAULT_DRIVER_MEMORY"]
+__all__ = ["build_session", "with_no_fork_fs", "check_driver_memory", "gc_options", "LOG4J_CONFIG",
+           "JIT_OPTIONS", "ROCKSDB_SETTINGS", "DEFAULT_DRIVER_MEMORY", "MIN_G1_REGION_MIB"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 
@@ -37,6 +37,14 @@ ROCKSDB_SETTINGS = {
 # and the store's timeout scan copies every state key's value each batch, so G1 ran mixed
 # collections back to back; 2g held 1M with room to spare (BENCHMARKS.md, section 23).
 DEFAULT_DRIVER_MEMORY = "2g"
+# G1 gives an object of more than half a region regions of its own ("humongous"), allocated
+# outside the young generation. Spark's timeout scan copies every state key's value on every
+# micro-batch, and a key holds one second of half messages: ~1-2 MB at a few thousand a
+# second. With a 2g heap's 1 MB regions every copy was humongous (with 1M held, ~1.2 GB of
+# humongous garbage between two collections), the held values themselves took about twice
+# their size in regions, and a micro-batch took ~1.8x as long as with 10k held. With 4 MB
+# regions the copies are ordinary young objects and it took as long (BENCHMARKS.md, section 24).
+MIN_G1_REGION_MIB = 4
 _MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|t|tb)?$", re.IGNORECASE)
 _MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
@@ -63,16 +71,28 @@ def with_no_fork_fs(settings: dict[str, Any], jar: Path) -> dict[str, Any]:
     }
 
 
-def check_driver_memory(text: str) -> str:
-    """``text`` if Spark takes it as a driver heap (``2g``, ``1536m``; a bare number is MiB),
-    else ValueError. Spark refuses to start with less than ~450 MiB of heap."""
+def _heap_mib(text: str) -> float:
     match = _MEMORY.match(text.strip())
     if not match:
         raise ValueError(f"driver memory must look like 2g or 1536m, not {text!r}")
     number, unit = match.groups()
-    if int(number) * _MIB[(unit or "m")[0].lower()] < 512:
+    return int(number) * _MIB[(unit or "m")[0].lower()]
+
+
+def check_driver_memory(text: str) -> str:
+    """``text`` if Spark takes it as a driver heap (``2g``, ``1536m``; a bare number is MiB),
+    else ValueError. Spark refuses to start with less than ~450 MiB of heap."""
+    if _heap_mib(text) < 512:
         raise ValueError(f"driver memory must be at least 512m (Spark needs ~450m), not {text!r}")
     return text.strip()
+
+
+def gc_options(driver_memory: str) -> str:
+    """The JVM's G1 regions at least :data:`MIN_G1_REGION_MIB` large. G1 sizes them itself at
+    a 2048th of the heap (1 MB up to a 2g heap), so only smaller heaps get the option."""
+    if _heap_mib(driver_memory) / 2048 >= MIN_G1_REGION_MIB:
+        return ""
+    return f"-XX:G1HeapRegionSize={MIN_G1_REGION_MIB}m"
 
 
 def build_session(
@@ -112,7 +132,8 @@ def build_session(
     if jit not in JIT_OPTIONS:
         raise ValueError(f"jit must be one of {sorted(JIT_OPTIONS)}, got {jit!r}")
     check_driver_memory(driver_memory)
-    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {JIT_OPTIONS[jit]}".strip()
+    java_opts = " ".join(o for o in (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+                                     JIT_OPTIONS[jit], gc_options(driver_memory)) if o)
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -11,7 +11,13 @@ import pytest
 
 from streaming.config import RunConfig
 from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, build_session, with_no_fork_fs
+from streaming.session import (
+    DEFAULT_DRIVER_MEMORY,
+    JIT_OPTIONS,
+    build_session,
+    gc_options,
+    with_no_fork_fs,
+)
 from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
 
@@ -38,6 +44,26 @@ def test_the_session_has_the_heap_it_was_given_not_sparks_1g(spark: Any) -> None
     assert f"-Xmx{DEFAULT_DRIVER_MEMORY}" in _jvm_arguments(spark)
     heap_mib = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
     assert heap_mib > 1536  # the JVM's own view; Spark's default would give ~1024
+
+
+def test_the_session_gives_a_state_key_ordinary_g1_regions(spark: Any) -> None:
+    # G1's own choice for the default 2g heap is 1 MB regions, which makes every copy of a
+    # key of 512 KB or more humongous (section 24 of BENCHMARKS.md); the JVM's own view:
+    jvm = spark.sparkContext._jvm
+    hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    option = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
+    assert int(option.getVMOption("G1HeapRegionSize").getValue()) == 4 * 2**20
+
+
+@pytest.mark.parametrize(("heap", "option"), [
+    ("512m", "-XX:G1HeapRegionSize=4m"),
+    ("2g", "-XX:G1HeapRegionSize=4m"),
+    ("7g", "-XX:G1HeapRegionSize=4m"),
+    ("8g", ""),  # G1 picks 4 MB itself from here on, and more for bigger heaps: never lowered
+    ("32768m", ""),
+])
+def test_g1_regions_are_raised_to_4m_never_lowered(heap: str, option: str) -> None:
+    assert gc_options(heap) == option
 
 
 def _driver_jvm_command_line(pid: int) -> list[str] | None:
