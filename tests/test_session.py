@@ -30,14 +30,17 @@ def _jvm_arguments(spark: Any) -> list[str]:
     return list(bean.getInputArguments())
 
 
-def test_the_session_runs_the_quick_compiler_only_by_default(spark: Any) -> None:
-    arguments = _jvm_arguments(spark)
-    assert JIT_OPTIONS["c1"] in arguments
-    # the level is the JVM's own view, not only an argument it was given
+def _vm_option(spark: Any, name: str) -> str:
+    """The JVM's own view of an option, not only an argument it was given."""
     jvm = spark.sparkContext._jvm
     hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    option = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
-    assert option.getVMOption("TieredStopAtLevel").getValue() == "1"
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
+    return str(bean.getVMOption(name).getValue())
+
+
+def test_the_session_runs_the_quick_compiler_only_by_default(spark: Any) -> None:
+    assert JIT_OPTIONS["c1"] in _jvm_arguments(spark)
+    assert _vm_option(spark, "TieredStopAtLevel") == "1"
 
 
 def test_the_session_has_the_heap_it_was_given_not_sparks_1g(spark: Any) -> None:
@@ -48,11 +51,8 @@ def test_the_session_has_the_heap_it_was_given_not_sparks_1g(spark: Any) -> None
 
 def test_the_session_gives_a_state_key_ordinary_g1_regions(spark: Any) -> None:
     # G1's own choice for the default 2g heap is 1 MB regions, which makes every copy of a
-    # key of 512 KB or more humongous (section 24 of BENCHMARKS.md); the JVM's own view:
-    jvm = spark.sparkContext._jvm
-    hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    option = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot)
-    assert int(option.getVMOption("G1HeapRegionSize").getValue()) == 4 * 2**20
+    # key of 512 KB or more humongous (section 24 of BENCHMARKS.md).
+    assert int(_vm_option(spark, "G1HeapRegionSize")) == 4 * 2**20
 
 
 @pytest.mark.parametrize(("heap", "option"), [
