@@ -139,6 +139,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    failure = None
     with ExitStack() as stack:
         bootstrap = args.bootstrap_servers
         if not bootstrap:
@@ -178,7 +179,9 @@ def run_command(args: argparse.Namespace) -> int:
         except Exception:  # awaitTermination raises the query's failure, said below in one line
             pass
         failure = coordinator.failure()
-        if failure:
-            print(f"txstream: coordinator failed: {failure}", file=sys.stderr)
-            return 1
+    # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
+    # py4j log its connection errors, and the verdict must be the last line a user reads.
+    if failure:
+        print(f"txstream: coordinator failed: {failure}", file=sys.stderr)
+        return 1
     return 0
