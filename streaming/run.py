@@ -6,6 +6,7 @@ import argparse
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -130,6 +131,17 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _stop_on_signals() -> threading.Event:
+    """Once the query runs, Ctrl-C and SIGTERM only ask the wait loop to stop (it looks every
+    second). Raising in the handler, as Python and pyspark do, breaks into a py4j call: py4j
+    logged each such break as a traceback, ~30 lines that made a clean stop look like a crash.
+    pyspark starts its JVM with SIGINT ignored, so the JVM waits for the stop."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="run the transaction coordinator until stopped")
     add_run_arguments(p)
@@ -159,6 +171,7 @@ def run_command(args: argparse.Namespace) -> int:
         _say(f"starting coordinator (checkpoint {config.checkpoint_dir})")
         coordinator.start()
         stack.callback(coordinator.stop)
+        stop = _stop_on_signals()
         if config.metrics_port:
             from streaming.metrics import serve_metrics
 
@@ -171,13 +184,13 @@ def run_command(args: argparse.Namespace) -> int:
             f"interval {p.check_interval} ms, check max {p.check_max}. Ctrl-C stops it."
         )
         try:
-            while coordinator.query.isActive:
+            while coordinator.query.isActive and not stop.is_set():
                 coordinator.query.awaitTermination(1.0)
-        except KeyboardInterrupt:
-            _say("stopping coordinator")
-            return 0
         except Exception:  # awaitTermination raises the query's failure, said below in one line
             pass
+        if stop.is_set():
+            _say("stopping coordinator")
+            return 0
         failure = coordinator.failure()
     # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
     # py4j log its connection errors, and the verdict must be the last line a user reads.

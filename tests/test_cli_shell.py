@@ -8,17 +8,19 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from streaming.cli import main
-from txstream.broker import free_port
+from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Message
 from txstream.topics import Topics
 from txstream.wire import H, decode_end, decode_half, encode_visible
 
-from kafka_helpers import headers_of, produce, read_topic
+from kafka_helpers import headers_of, produce, read_topic, wait_until
+from process_helpers import CoordinatorProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -117,6 +119,25 @@ def test_broker_command_serves_until_interrupted() -> None:
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
     assert not any(f"127.0.0.1:{port}" in _cmdline(pid) for pid in _pids())
+
+
+@pytest.mark.spark
+def test_run_command_stops_on_ctrl_c_without_a_traceback(broker: EmbeddedBroker,
+                                                         tmp_path: Path) -> None:
+    args = ["--bootstrap-servers", broker.bootstrap_servers, "--checkpoint-dir",
+            str(tmp_path / "cp"), "--topic-prefix", f"{tmp_path.name}_"]
+    process = CoordinatorProcess(args, tmp_path / "run.log").start()
+    assert process.proc is not None
+    try:
+        wait_until(lambda: "coordinator running" in process.output(), timeout_s=120)
+        # What a terminal's Ctrl-C does: SIGINT to the whole foreground process group.
+        os.killpg(process.proc.pid, signal.SIGINT)
+        assert process.proc.wait(timeout=60) == 0
+    finally:
+        process.terminate()
+    output = process.output()
+    assert "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1].endswith("stopping coordinator"), output[-3000:]
 
 
 def _pids() -> list[int]:
