@@ -13,8 +13,8 @@ ENV PYTHONUNBUFFERED=1 \
     SPARK_LOCAL_IP=127.0.0.1
 
 # procps: Spark's launch scripts call `ps`. The man directory: the JDK's post-install needs it.
-# The JDK, not the JRE: its javac builds streaming/local_fs.py's jar (no chmod process per
-# checkpoint file, BENCHMARKS.md section 16).
+# The JDK, not the JRE: its javac builds streaming/engine/local_fs.py's jar (no chmod process per
+# checkpoint file, docs/decisions/0006-no-fork-local-fs.md).
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jdk-headless procps \
@@ -34,7 +34,7 @@ RUN useradd --create-home --uid 10001 txstream \
  && chown -R txstream /data
 USER txstream
 # Built now, into the user's cache, so the first start does not wait for javac.
-RUN python -c "from streaming.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
+RUN python -c "from streaming.engine.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
 WORKDIR /data
 # `txstream run` and `txstream pending` without --checkpoint-dir: on the volume.
 ENV TXSTREAM_CHECKPOINT_DIR=/data/checkpoints/coordinator

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from streaming.progress import JsonProgressListener
+from streaming.engine.progress import JsonProgressListener
 
 __all__ = ["Batch", "BatchLog", "percentile", "parts_p50"]
 

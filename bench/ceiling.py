@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from bench.coordinator_phases import (
@@ -31,17 +30,18 @@ from bench.coordinator_phases import (
 )
 from bench.harness import Harness
 from bench.workload import Workload
-from streaming.config import RunConfig
-from streaming.operator import coordinator_tag, in_replay_order, record_id
-from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind
+from streaming.engine.config import RunConfig
+from streaming.engine.coordinator import Coordinator
+from streaming.engine.operator import in_replay_order
+from streaming.engine.query import event_stream, record_writer, stateful_outputs
+from streaming.engine.records import coordinator_tag, output_frame, record_id
+from txstream.schema import EventKind, Kind, OutputRow
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
-__all__ = ["forwarding_function", "measure_ceiling"]
+__all__ = ["forwarding_function", "ForwardingCoordinator", "measure_ceiling"]
 
-_NAMES = [name for name, _ in OUTPUT_COLUMNS]
-_NULLABLE = {name: ("Int64" if kind == "bigint" else "Int32") for name, kind in OUTPUT_COLUMNS
-             if kind in ("bigint", "int") and name != "batch_ms"}
+_NO_HISTORY = (None,) * 5
 
 
 def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
@@ -61,19 +61,30 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
                 if kind == EventKind.END and error is None and k]
         if not ends:
             return
-        n = len(ends)
-        ids = [record_id(tag, int(key[0]), now, i) for i in range(n)]
-        columns: dict[str, Any] = {
-            **{name: pd.array([None] * n, dtype=dtype) for name, dtype in _NULLABLE.items()},
-            "kind": [Kind.VISIBLE] * n, "topic": [real_topic] * n,
-            "key": [k for k, _ in ends], "value": [body] * n,
-            "headers": [h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, i.encode())))
-                        for (k, h), i in zip(ends, ids, strict=True)],
-            "record_id": ids, "batch_ms": np.full(n, now, dtype=np.int64),
-        }
-        yield pd.DataFrame(columns, columns=_NAMES)
+        rows = []
+        for number, (k, h) in enumerate(ends):
+            rid = record_id(tag, int(key[0]), now, number)
+            headers = h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, rid.encode())))
+            rows.append(OutputRow(Kind.VISIBLE, real_topic, k, body, headers, None,
+                                  *_NO_HISTORY, rid, now, None))
+        yield output_frame(rows)
 
     return forward
+
+
+class ForwardingCoordinator(Coordinator):
+    """The coordinator's query, session and life cycle, with :func:`forwarding_function`
+    for the core."""
+
+    def __init__(self, config: RunConfig, workload: Workload) -> None:
+        super().__init__(config)
+        self.workload = workload
+
+    def start_query(self, spark: Any) -> Any:
+        w = self.workload
+        function = forwarding_function(w.real_topic, w.topics, w.body_bytes)
+        outputs = stateful_outputs(event_stream(spark, self.config), function)
+        return record_writer(outputs, self.config).start()
 
 
 def measure_ceiling(config: RunConfig, workload: Workload, n: int, rate: float | None,
@@ -85,8 +96,7 @@ def measure_ceiling(config: RunConfig, workload: Workload, n: int, rate: float |
     checkpoint = Path(tempfile.mkdtemp(prefix="txstream-bench-ceiling-"))
     cfg = config.with_(topics=workload.topics, checkpoint_dir=checkpoint,
                        query_name=f"ceiling-{uuid.uuid4().hex[:6]}")
-    harness = Harness(cfg, function=forwarding_function(workload.real_topic, workload.topics,
-                                                   workload.body_bytes))
+    harness = Harness(cfg, lambda c: ForwardingCoordinator(c, workload))
     try:
         tp = measure_throughput(harness, config.kafka, workload, n, timeout_s=max(600, n / 20))
         offered = rate or max(1.0, round(tp.tx_per_s / 2))

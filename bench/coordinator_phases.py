@@ -20,8 +20,8 @@ from typing import Any
 
 from bench.batches import parts_p50, percentile
 from bench.harness import BenchFailed, Harness
-from bench.workload import TopicReader, Workload, high_watermarks, now_ms
-from txstream.kafka import KafkaSettings, make_producer
+from bench.workload import RecordWatcher, Workload, now_ms
+from txstream.kafka import KafkaSettings, make_producer, partition_ends, read_topic
 from txstream.message import Decision
 from txstream.wire import H, decode_history
 
@@ -60,12 +60,10 @@ def measure_throughput(harness: Harness, settings: KafkaSettings, workload: Work
     The visible records are read after the run, not during it: a consumer running alongside
     would take CPU from the coordinator that the raw pipe's figure never pays.
     """
-    from bench.workload import read_all
-
     harness.start()
     harness.wait(lambda: harness.total("released") >= n, timeout_s,
                  f"{n} released transactions")
-    stamps = [int(rec.timestamp) for rec in read_all(settings, workload.real_topic)]
+    stamps = [int(rec.timestamp) for rec in read_topic(settings, workload.real_topic, 60)]
     if len(stamps) < n:
         raise BenchFailed(f"{n} released but only {len(stamps)} visible records found")
     batches = [b for b in harness.batches if b.input_rows]
@@ -180,10 +178,8 @@ def _offer_one(producer: Any, workload: Workload, i: int, unknown_every: int,
 def _coordinator_lateness(settings: KafkaSettings, workload: Workload, start: dict[int, int],
                           txids: set[str]) -> list[float]:
     """``late_ms`` of the first ``check_sent`` note of each transaction, from the history."""
-    from bench.workload import read_all
-
     out = []
-    for rec in read_all(settings, workload.topics.history, start=start):
+    for rec in read_topic(settings, workload.topics.history, 60, start):
         for note in decode_history(rec.value, rec.key):
             if (note.get("transaction_id") in txids and note.get("event") == "check_sent"
                     and note.get("check") == 1):
@@ -196,9 +192,9 @@ def measure_latency(harness: Harness, settings: KafkaSettings, workload: Workloa
     """Offer ``rate`` tx/s for ``seconds`` to the running coordinator of ``harness``."""
     timeout_ms = harness.config.policy.transaction_timeout
     offered = Offered()
-    history_start = high_watermarks(settings, workload.topics.history)
+    history_start = partition_ends(settings, workload.topics.history)
     check_topic = workload.topics.check(workload.group)
-    reader = TopicReader(settings, [workload.real_topic, check_topic], offered.on_record)
+    reader = RecordWatcher(settings, [workload.real_topic, check_topic], offered.on_record)
     mark = harness.log.mark() if harness.log else 0
     reader.start()
     try:

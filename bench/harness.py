@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 from bench.batches import Batch, BatchLog
 from bench.procmem import spark_jvm_pid, tree_cpu_s, tree_rss_mb
-from streaming.config import RunConfig
+from streaming.engine.config import RunConfig
+from streaming.engine.coordinator import Coordinator
 from txstream.errors import TxStreamError
 
 __all__ = ["Harness", "BenchFailed", "session_for"]
@@ -27,7 +28,7 @@ def session_for(config: RunConfig) -> tuple[Any, BatchLog]:
 
     ``config.driver_memory`` only takes effect when this call starts the JVM.
     """
-    from streaming.session import build_session
+    from streaming.engine.session import build_session
 
     spark = build_session(
         shuffle_partitions=config.shuffle_partitions,
@@ -52,20 +53,23 @@ def session_for(config: RunConfig) -> tuple[Any, BatchLog]:
 
 
 class Harness:
-    """Start the coordinator of ``config`` and wait on what its batches report."""
+    """Start a coordinator of ``config`` and wait on what its batches report.
 
-    def __init__(self, config: RunConfig, function: Callable[..., Any] | None = None) -> None:
+    ``make`` builds the coordinator: txstream's own by default, or a subclass that starts
+    another query in the same life cycle (:mod:`bench.ceiling`).
+    """
+
+    def __init__(self, config: RunConfig,
+                 make: Callable[[RunConfig], Coordinator] = Coordinator) -> None:
         self.config = config
-        self.function = function  # None: the coordinator's own (streaming.query.build_stream)
+        self.make = make
         self.coordinator: Any = None
         self.log: BatchLog | None = None
         self.started_at = 0.0
 
     def start(self) -> Harness:
-        from streaming.run import Coordinator
-
         _, self.log = session_for(self.config)
-        self.coordinator = Coordinator(self.config, function=self.function).start()
+        self.coordinator = self.make(self.config).start()
         self.started_at = time.monotonic()
         return self
 

@@ -31,7 +31,7 @@ from bench.coordinator_phases import measure_latency
 from bench.cpu import cpu_times, steal_pct
 from bench.harness import Harness
 from bench.workload import BulkProducer, Workload, create_topics
-from streaming.config import RunConfig
+from streaming.engine.config import RunConfig
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 

@@ -21,10 +21,10 @@ from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import PipeResult, run_raw_pipe
 from bench.report import PHASES, load_average, machine, targets
-from bench.workload import BulkProducer, Workload, create_topics, high_watermarks
-from streaming.config import RunConfig
+from bench.workload import BulkProducer, Workload, create_topics
+from streaming.engine.config import RunConfig
 from txstream.broker import EmbeddedBroker
-from txstream.kafka import KafkaSettings, wait_for_broker
+from txstream.kafka import KafkaSettings, partition_ends, wait_for_broker
 from txstream.topics import Topics
 
 __all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
@@ -32,10 +32,10 @@ __all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_top
 
 @dataclass(frozen=True)
 class BenchOptions:
-    transactions: int = 50_000
+    transactions: int = 20_000
     rate: float | None = None  # None: half the measured throughput
-    pending: tuple[int, ...] = (10_000, 100_000, 1_000_000)
-    stores: tuple[str, ...] = ("default", "rocksdb")
+    pending: tuple[int, ...] = (10_000, 100_000)
+    stores: tuple[str, ...] = ("default",)
     latency_seconds: float = 30.0
     pending_rate: float = 200.0
     pending_seconds: float = 20.0
@@ -75,7 +75,7 @@ def _raw_pipe(settings: KafkaSettings, n: int, partitions: int,
         workload = fresh_workload("raw")
         prepare_topics(settings, workload, n, partitions)
         result = run_raw_pipe(settings, workload.topics,
-                              high_watermarks(settings, workload.topics.end), processes)
+                              partition_ends(settings, workload.topics.end), processes)
         out[str(processes)] = result
         say(f"raw pipe, {processes} process(es): {result.tx_per_s:,.0f} tx/s")
     return out
@@ -109,31 +109,11 @@ def run_bench(config: RunConfig, options: BenchOptions,
             broker = stack.enter_context(EmbeddedBroker())
             config = config.with_(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
         wait_for_broker(config.kafka)
-
-        def pipe() -> None:
-            say(f"raw pipe: {options.transactions} transactions, no Spark")
-            runs = _raw_pipe(config.kafka, options.transactions, config.topic_partitions, say)
-            result["raw_pipe"] = {k: r.tx_per_s for k, r in runs.items()}
-            best = max(runs.values(), key=lambda r: r.tx_per_s)
-            result["raw_pipe_tx_per_s"] = best.tx_per_s
-            result["cpu"]["pipe"] = meter.use(best.started_ms,
-                                              best.started_ms + best.seconds * 1000,
-                                              best.transactions)
-
-        def pending() -> None:
-            if not options.pending:
-                return
-            if options.isolate:
-                _stop_jvm()  # the points start JVMs of their own: this one would only take memory
-            result["batch_ms_vs_pending"] = [
-                dataclasses.asdict(p) for p in _pending_curve(config, options, say)
-            ]
-
         run: dict[str, Callable[[], None]] = {
-            "pipe": pipe,
+            "pipe": lambda: _pipe(config, options, result, meter, say),
             "coordinator": lambda: _coordinator(config, options, result, stack, meter, say),
             "ceiling": lambda: _ceiling(config, options, result, meter, say),
-            "pending": pending,
+            "pending": lambda: _pending(config, options, result, say),
         }
         for phase in PHASES:
             if phase in options.phases:
@@ -144,7 +124,14 @@ def run_bench(config: RunConfig, options: BenchOptions,
     pipe_cpu, coordinator_cpu = result["cpu"].get("pipe"), result["cpu"].get("coordinator")
     if pipe_cpu and coordinator_cpu and coordinator_cpu["us_per_tx"] > 0:
         result["cpu_ratio"] = pipe_cpu["us_per_tx"] / coordinator_cpu["us_per_tx"]
-    result["config"] = {
+    result["config"] = _settings(config, options)
+    result["targets"] = targets(result)
+    return result
+
+
+def _settings(config: RunConfig, options: BenchOptions) -> dict[str, Any]:
+    """The settings a run measured, as its JSON reports them."""
+    return {
         "transactions": options.transactions, "trigger_ms": config.trigger_ms,
         "key_window_ms": config.key_window_ms, "key_shards": config.key_shards,
         "buckets": config.buckets, "shuffle_partitions": config.shuffle_partitions,
@@ -156,8 +143,28 @@ def run_bench(config: RunConfig, options: BenchOptions,
         "unknown_every": options.unknown_every, "pending_rate": options.pending_rate,
         "phases": list(options.phases),
     }
-    result["targets"] = targets(result)
-    return result
+
+
+def _pipe(config: RunConfig, options: BenchOptions, result: dict[str, Any], meter: CpuMeter,
+          say: Callable[[str], None]) -> None:
+    say(f"raw pipe: {options.transactions} transactions, no Spark")
+    runs = _raw_pipe(config.kafka, options.transactions, config.topic_partitions, say)
+    result["raw_pipe"] = {k: r.tx_per_s for k, r in runs.items()}
+    best = max(runs.values(), key=lambda r: r.tx_per_s)
+    result["raw_pipe_tx_per_s"] = best.tx_per_s
+    result["cpu"]["pipe"] = meter.use(best.started_ms, best.started_ms + best.seconds * 1000,
+                                      best.transactions)
+
+
+def _pending(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+             say: Callable[[str], None]) -> None:
+    if not options.pending:
+        return
+    if options.isolate:
+        _stop_jvm()  # the points start JVMs of their own: this one would only take memory
+    result["batch_ms_vs_pending"] = [
+        dataclasses.asdict(p) for p in _pending_curve(config, options, say)
+    ]
 
 
 def _coordinator(config: RunConfig, options: BenchOptions, result: dict[str, Any],
@@ -229,7 +236,7 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
 def _stop_jvm() -> None:
     from pyspark.sql import SparkSession
 
-    from streaming.demo import stop_spark
+    from streaming.engine.session import stop_spark
 
     spark = SparkSession.getActiveSession()
     if spark is not None:

@@ -26,9 +26,7 @@ __all__ = [
     "now_ms",
     "create_topics",
     "BulkProducer",
-    "TopicReader",
-    "read_all",
-    "high_watermarks",
+    "RecordWatcher",
 ]
 
 
@@ -128,13 +126,13 @@ class BulkProducer:
         self._producer.close(timeout=30)
 
 
-class TopicReader:
+class RecordWatcher:
     """Read topics from the beginning in a background thread, calling ``on_record(rec, at)``.
 
     ``at`` is the local receive time in ms: the consumer's end of commit -> visible latency.
     tansu holds a fetch for its whole ``fetch_max_wait_ms`` even when records arrive: 20 ms adds
     ~10 ms on average to that figure, where 5 ms cost a fifth of a core in this process and the
-    broker, on the two cores the coordinator under test runs on (BENCHMARKS.md).
+    broker, on the two cores the coordinator under test runs on.
     """
 
     def __init__(self, settings: KafkaSettings, topics: Iterable[str],
@@ -147,7 +145,7 @@ class TopicReader:
         self._thread = threading.Thread(target=self._run, name="bench-reader", daemon=True)
         self.error: BaseException | None = None
 
-    def start(self) -> TopicReader:
+    def start(self) -> RecordWatcher:
         self._thread.start()
         self._ready.wait(30)
         return self
@@ -179,61 +177,3 @@ class TopicReader:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-
-
-def read_all(settings: KafkaSettings, topic: str, idle_s: float = 1.0,
-             start: dict[int, int] | None = None) -> list[Any]:
-    """Every record of ``topic`` up to its end (high watermark), all partitions.
-
-    ``start``: {partition: first offset to read}; the rest is read from the beginning.
-    """
-    from kafka import TopicPartition
-
-    consumer = make_consumer(settings, fetch_max_wait_ms=5, max_poll_records=10_000)
-    try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            return []
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, (start or {}).get(tp.partition, 0))
-        out: list[Any] = []
-        quiet_since = time.monotonic()
-        while True:
-            batch = consumer.poll(timeout_ms=50)
-            if batch:
-                quiet_since = time.monotonic()
-                for records in batch.values():
-                    out.extend(records)
-            done = all(
-                (hw := consumer.highwater(tp)) is not None and consumer.position(tp) >= hw
-                for tp in tps
-            )
-            if done or time.monotonic() - quiet_since > idle_s:
-                return out
-    finally:
-        consumer.close()
-
-
-def high_watermarks(settings: KafkaSettings, topic: str) -> dict[int, int]:
-    """{partition: end offset} from a fetch (tansu answers ListOffsets wrongly)."""
-    from kafka import TopicPartition
-
-    consumer = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
-    try:
-        parts = sorted(consumer.partitions_for_topic(topic) or ())
-        tps = [TopicPartition(topic, p) for p in parts]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        deadline = time.monotonic() + 30
-        ends: dict[int, int] = {}
-        while len(ends) < len(tps) and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=10, max_records=1)
-            for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is not None:
-                    ends[tp.partition] = hw
-        return ends
-    finally:
-        consumer.close()

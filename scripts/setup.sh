@@ -3,7 +3,7 @@
 set -euo pipefail
 VENV=${1:-.venv}
 if ! command -v java >/dev/null 2>&1; then
-  # The JDK: Spark needs a JVM, and javac builds streaming/local_fs.py's jar.
+  # The JDK: Spark needs a JVM, and javac builds streaming/engine/local_fs.py's jar.
   echo "setup: no java found, installing OpenJDK 17 (Spark needs a JVM)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
@@ -13,4 +13,6 @@ PYTHON=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e '.[dev]'
+# The benchmark (`txstream bench`), a distribution of its own beside the product.
+"$VENV/bin/python" -m pip install -q --no-deps -e ./bench
 echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,48 +41,43 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from sinks.delivery import Delivery, Prepared, make_sink_producer
 from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
-from txstream.kafka import KafkaSettings, make_producer
-from txstream.schema import OUTPUT_SCHEMA, Kind
+from txstream.kafka import KafkaSettings
+from txstream.options import parse_options
+from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
 from txstream.spark_worker import settle
 from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
 from txstream.wire import unpack_headers
 
 __all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter",
-           "make_sink_producer"]
+           "make_sink_producer", "send_rows", "send_batches"]
 
 log = logging.getLogger(__name__)
 
 SINK_NAME = "txstream-records"
-# Rows as send_rows takes them; record_id and batch_ms let a replay find what was written.
-_COLUMNS = ("kind", "topic", "key", "value", "headers", "record_id", "batch_ms", "not_before_ms")
 _MAX_ERRORS_SHOWN = 3
 
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """The sink's options, parsed once on the driver; picklable."""
+    """The sink's options, parsed once on the driver (:func:`txstream.options.parse_options`);
+    picklable."""
 
     kafka: KafkaSettings
     flush_timeout_s: float = 120.0
+    # Leave out what a crashed run of a replayed batch already wrote (sinks.replay); false
+    # writes a replayed batch again whole.
     replay_check: bool = True
     timer_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        kafka = KafkaSettings.from_option(options.get("kafka"))
-        text = options.get("flush_timeout_s")
-        try:
-            timeout = float(text) if text else 120.0
-        except ValueError:
-            raise ConfigError(f"option flush_timeout_s must be a number, got {text!r}") from None
-        check = (options.get("replay_check") or "true").strip().lower()
-        if check not in ("true", "false"):
-            raise ConfigError(f"option replay_check must be true or false, got {check!r}")
-        return cls(kafka=kafka, flush_timeout_s=timeout, replay_check=check == "true",
-                   timer_file=options.get("timer_file") or None)
+        if not options.get("kafka"):
+            raise ConfigError("option kafka (JSON of KafkaSettings.as_dict()) is required")
+        return parse_options(cls, options)
 
     @property
     def client_key(self) -> str:
@@ -108,87 +101,39 @@ class SinkCommit(WriterCommitMessage):
         return sum(self.counts.values())
 
 
-# One producer per worker process and settings: Spark reuses its Python workers, and a new
-# producer costs a connection and an idempotent-producer id for every micro-batch.
-_PRODUCERS: dict[str, Any] = {}
-_PRODUCERS_LOCK = threading.Lock()
-
-
-def make_sink_producer(settings: KafkaSettings) -> Any:
-    """The sink's producer: acks=all and idempotent like every txstream producer, tuned for
-    writing thousands of records at once (the benchmark's raw pipe uses it too).
-
-    kafka-python builds every record in Python, on the caller's thread, while its I/O thread
-    competes for the GIL: one request in flight and 1 MiB batches cut its CPU per record from
-    ~120 to ~87 us here (BENCHMARKS.md) at no cost in delivery time to a nearby broker. A
-    burst of thousands of records with a first record for a topic the broker creates on that
-    write (a new group's check topic) used to stall a fresh producer until its timeout; the
-    cause and its fix are in :class:`txstream.kafka.TopicTrackingProducer`.
-    """
-    return make_producer(settings, batch_size=1 << 20, max_in_flight_requests_per_connection=1)
-
-
-def _producer(options: SinkOptions) -> Any:
-    with _PRODUCERS_LOCK:
-        producer = _PRODUCERS.get(options.client_key)
-        if producer is None:
-            producer = make_sink_producer(options.kafka)
-            _PRODUCERS[options.client_key] = producer
-        return producer
-
-
-def _drop_producer(options: SinkOptions) -> None:
-    """Forget a producer after a failure: an idempotent producer may be left in a fatal state."""
-    with _PRODUCERS_LOCK:
-        producer = _PRODUCERS.pop(options.client_key, None)
-    if producer is None:
-        return
-    try:
-        producer.close(timeout=0)
-    except Exception:
-        # kafka-python's close() flushes first and gives up while records are pending, leaving
-        # its I/O thread retrying until delivery_timeout_ms (2 min). Stop it now: the records
-        # are failed, and the batch will be sent again anyway.
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            sender.force_close()
-
-
-def _prepared(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[str]]:
+def _prepared(rows: list[OutputRow]) -> tuple[list[Prepared], list[str]]:
     """The rows with their headers unpacked, and why any row can never be written: checked
     before sending anything, so a deterministic error does not half-write a batch."""
-    ready: list[tuple[Any, ...]] = []
+    ready: list[Prepared] = []
     invalid: list[str] = []
-    for kind, topic, key, value, headers, *rest in rows:
+    for row in rows:
         try:
-            validate_topic(topic)
-            ready.append((kind, topic, key, value, unpack_headers(headers), *rest))
+            validate_topic(row.topic)
+            ready.append((row, unpack_headers(row.headers)))
         except ConfigError as exc:
             invalid.append(str(exc))
         except MalformedRecord as exc:
-            invalid.append(f"record for topic {topic}: {exc}")
+            invalid.append(f"record for topic {row.topic}: {exc}")
     return ready, invalid
 
 
-def _rows(batches: Iterator[Any]) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = []
+def _rows(batches: Iterator[Any]) -> list[OutputRow]:
+    rows: list[OutputRow] = []
     for batch in batches:
         # Column-wise to_pylist is far cheaper than Spark building a Row per record.
-        cols = [batch.column(name).to_pylist() for name in _COLUMNS]
-        rows.extend(zip(*cols))
+        cols = [batch.column(name).to_pylist() for name in OutputRow._fields]
+        rows.extend(map(OutputRow._make, zip(*cols)))
     return rows
 
 
-def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
-                     ) -> list[tuple[Any, ...]]:
+def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepared]:
     """The rows a crashed run of this batch did not write (all, when no row has an id)."""
     wanted: dict[str, set[str]] = {}
     batch_ms: int | None = None
-    for row in rows:
-        rid, ms = (row[5], row[6]) if len(row) > 6 else (None, None)
-        if rid is not None and ms is not None:
-            wanted.setdefault(row[1], set()).add(rid)
-            batch_ms = ms if batch_ms is None else min(batch_ms, ms)
+    for row, _ in rows:
+        if row.record_id is not None and row.batch_ms is not None:
+            wanted.setdefault(row.topic, set()).add(row.record_id)
+            batch_ms = row.batch_ms if batch_ms is None else min(batch_ms, row.batch_ms)
     if batch_ms is None:
         return rows
     try:
@@ -199,108 +144,29 @@ def _not_yet_written(options: SinkOptions, rows: list[tuple[Any, ...]]
                          f"{type(exc).__name__}: {exc}") from exc
     if not found:
         return rows
-    kept = [row for row in rows if not (len(row) > 5 and row[5] in found)]
+    kept = [prepared for prepared in rows if prepared[0].record_id not in found]
     log.warning("replayed batch: %d of %d records were written before the restart; "
                 "not written again", len(rows) - len(kept), len(rows))
     return kept
 
 
-def _wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
-    """How long until ``not_before_ms`` (a timer's deadline, at most the lead past the batch's
-    start: a worker whose clock runs behind the driver's waits no longer than that)."""
-    wait_ms = not_before_ms - time.time() * 1000
-    if batch_ms is not None:
-        wait_ms = min(wait_ms, not_before_ms - batch_ms)
-    return wait_ms
-
-
-class _Delivery:
-    """The records one task sends, acknowledged all together at the end (:meth:`finish`).
-
-    A record that must wait for its deadline (``not_before_ms``) is put aside and sent at the
-    end, in deadline order: waiting for it never delays the records behind it.
-    """
-
-    def __init__(self, options: SinkOptions) -> None:
-        self.options = options
-        self.futures: list[tuple[str, Any]] = []
-        self.counts: Counter[str] = Counter()
-        self.held: list[tuple[int, int, tuple[Any, ...]]] = []
-
-    def send(self, rows: list[tuple[Any, ...]]) -> None:
-        now: list[tuple[Any, ...]] = []
-        for row in rows:
-            not_before = row[7] if len(row) > 7 else None
-            if not_before is not None and _wait_ms(not_before, row[6]) > 0:
-                self.held.append((not_before, len(self.held), row))
-            else:
-                now.append(row)
-        self._send_now(now)
-
-    def _send_now(self, rows: list[tuple[Any, ...]]) -> None:
-        topic = None
-        try:
-            producer = _producer(self.options)
-            for kind, topic, key, value, headers, *_ in rows:
-                if key is None and value is None:
-                    # kafka-python refuses such a record (Kafka does not): e.g. the dead letter
-                    # of a keyless tombstone. An empty value is the nearest it can send.
-                    value = b""
-                self.futures.append((topic, producer.send(topic, key=key, value=value,
-                                                          headers=headers)))
-                self.counts[kind] += 1
-        except Exception as exc:
-            _drop_producer(self.options)
-            raise SendFailed(f"sending record {len(self.futures) + 1} (topic {topic}) "
-                             f"failed: {type(exc).__name__}: {exc}") from exc
-
-    def _send_held(self) -> None:
-        for not_before, _, row in sorted(self.held):
-            wait_ms = _wait_ms(not_before, row[6])
-            if wait_ms > 0:
-                time.sleep(wait_ms / 1000)
-            self._send_now([row])
-        self.held = []
-
-    def finish(self) -> dict[str, int]:
-        """Send what was held, flush; raise SendFailed unless the broker acknowledged every
-        record."""
-        self._send_held()
-        try:
-            _producer(self.options).flush(timeout=self.options.flush_timeout_s)
-        except Exception as exc:
-            _drop_producer(self.options)
-            raise SendFailed(f"flushing {len(self.futures)} records failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
-        failed = [(topic, fut) for topic, fut in self.futures if not fut.succeeded()]
-        if failed:
-            _drop_producer(self.options)
-            shown = "; ".join(
-                f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
-                for topic, fut in failed[:_MAX_ERRORS_SHOWN]
-            )
-            raise SendFailed(f"{len(failed)} of {len(self.futures)} records were not "
-                             f"acknowledged by the broker: {shown}")
-        return dict(self.counts)
-
-
-def _split_timers(rows: list[tuple[Any, ...]], timers: dict[int, int | None]
-                  ) -> tuple[list[tuple[Any, ...]], int | None]:
+def _split_timers(rows: list[OutputRow], timers: dict[int, int | None]
+                  ) -> tuple[list[OutputRow], int | None]:
     """The rows that are records; each timer row's timeout goes into ``timers`` instead.
     Also the batch's time, from any row."""
-    records: list[tuple[Any, ...]] = []
+    records: list[OutputRow] = []
     batch_ms = None
     for row in rows:
-        if row[0] == Kind.TIMER:
-            timers[int(row[2])] = row[7]
+        if row.kind == Kind.TIMER:
+            timers[int(row.key or b"0")] = row.not_before_ms
         else:
             records.append(row)
-        if len(row) > 6 and row[6] is not None:
-            batch_ms = row[6]
+        if row.batch_ms is not None:
+            batch_ms = row.batch_ms
     return records, batch_ms
 
 
-def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+def _checked(rows: list[OutputRow]) -> list[Prepared]:
     ready, invalid = _prepared(rows)
     if invalid:
         shown = "; ".join(invalid[:_MAX_ERRORS_SHOWN])
@@ -308,19 +174,18 @@ def _checked(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return ready
 
 
-def send_rows(options: SinkOptions, rows: list[tuple[Any, ...]]) -> SinkCommit:
-    """Send ``(kind, topic, key, value, packed headers[, record_id, batch_ms[, not_before_ms]])``
-    rows; raise SendFailed unless all were acked. Nothing is sent when any row can never be
-    written. Timer rows are not written but returned (:class:`SinkCommit`)."""
+def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
+    """Send ``rows``; raise SendFailed unless all were acked. Nothing is sent when any row can
+    never be written. Timer rows are not written but returned (:class:`SinkCommit`)."""
     timers: dict[int, int | None] = {}
-    rows, batch_ms = _split_timers(rows, timers)
-    rows = _checked(rows)
-    total = len(rows)
+    records, batch_ms = _split_timers(rows, timers)
+    ready = _checked(records)
+    total = len(ready)
     if options.replay_check and replay_suspected():
-        rows = _not_yet_written(options, rows)
-    delivery = _Delivery(options)
-    delivery.send(rows)
-    return SinkCommit(delivery.finish(), total - len(rows), timers, batch_ms)
+        ready = _not_yet_written(options, ready)
+    delivery = Delivery(options.kafka, options.flush_timeout_s)
+    delivery.send(ready)
+    return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms)
 
 
 def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
@@ -331,7 +196,7 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     what its first run wrote is found by the ids of the whole batch."""
     if options.replay_check and replay_suspected():
         return send_rows(options, _rows(batches))
-    delivery = _Delivery(options)
+    delivery = Delivery(options.kafka, options.flush_timeout_s)
     timers: dict[int, int | None] = {}
     batch_ms = None
     for batch in batches:

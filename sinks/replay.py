@@ -3,7 +3,7 @@
 Spark replays a micro-batch whose commit it did not record (the driver was killed, a write
 failed) with the same input, the same state and the same batch time, so the operator emits the
 same records under the same ids (``record_id``, also the ``TXSTREAM_RECORD_ID`` header; see
-``streaming.operator.record_id``). Kafka cannot take back what the first run wrote (tansu's
+``streaming.engine.operator.record_id``). Kafka cannot take back what the first run wrote (tansu's
 transactions do not hide aborted records), so before writing a batch that may be a replay the
 sink reads the tail of every partition it is about to write to and leaves out the records
 whose id is already there.
@@ -25,11 +25,17 @@ out only when its very id was found on its topic.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from txstream.kafka import PATIENT_AFTER_S, PATIENT_FETCH_WAIT_MS, KafkaSettings, make_consumer
+from txstream.kafka import (
+    PATIENT_FETCH_WAIT_MS,
+    KafkaSettings,
+    Unreadable,
+    fetch_ends,
+    make_consumer,
+    read_range,
+)
 from txstream.wire import H
 
 __all__ = [
@@ -86,69 +92,40 @@ def _record_id(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None
     return None
 
 
-def _high_watermark(probe: Any, tp: Any) -> int:
-    """The partition's end, from a fetch (tansu answers ListOffsets wrongly)."""
-    probe.assign([tp])
-    probe.seek(tp, 0)
-    deadline = time.monotonic() + _READ_TIMEOUT_S
-    while time.monotonic() < deadline:
-        probe.poll(timeout_ms=50, max_records=1)
-        hw = probe.highwater(tp)
-        if hw is not None:
-            return int(hw)
-    raise TimeoutError(f"no high watermark for {tp.topic}/{tp.partition}")
-
-
-class _Reader:
-    """Reads ranges of records; rebuilt patient when the broker is slow (PATIENT_AFTER_S)."""
+class _Consumers:
+    """The consumer a scan reads with, made patient when the broker is slow (read_range)."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self.wait_ms = 5
-        self.consumer = self._make()
+        self.consumer: Any = None
+        self.patient = False
 
-    def _make(self) -> Any:
-        return make_consumer(self.settings, fetch_max_wait_ms=self.wait_ms,
-                             max_poll_records=_CHUNK)
-
-    def read(self, tp: Any, start: int, end: int) -> list[Any]:
-        self.consumer.assign([tp])
-        self.consumer.seek(tp, start)
-        out: list[Any] = []
-        began = progress_at = time.monotonic()
-        position = start
-        while position < end:
-            now = time.monotonic()
-            if now - began > _READ_TIMEOUT_S:
-                raise TimeoutError(f"reading {tp.topic}/{tp.partition} [{start}, {end}) stalled")
-            if now - progress_at > PATIENT_AFTER_S and self.wait_ms < PATIENT_FETCH_WAIT_MS:
-                self.consumer.close()
-                self.wait_ms = PATIENT_FETCH_WAIT_MS
-                self.consumer = self._make()
-                self.consumer.assign([tp])
-                self.consumer.seek(tp, position)
-            for rec in self.consumer.poll(timeout_ms=100).get(tp, ()):
-                if rec.offset < end:
-                    out.append(rec)
-            if self.consumer.position(tp) != position:
-                position, progress_at = self.consumer.position(tp), time.monotonic()
-        return out
+    def __call__(self, patient: bool) -> Any:
+        if self.consumer is None or (patient and not self.patient):
+            self.close()
+            self.patient = self.patient or patient
+            self.consumer = make_consumer(
+                self.settings, max_poll_records=_CHUNK,
+                fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if self.patient else 5)
+        return self.consumer
 
     def close(self) -> None:
-        self.consumer.close()
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
 
 
-def _scan_partition(
-    probe: Any, reader: _Reader, tp: Any, wanted: set[str], tag: str, batch_ms: int
-) -> set[str]:
+def _scan_partition(consumers: _Consumers, topic: str, partition: int, end: int,
+                    wanted: set[str], tag: str, batch_ms: int) -> set[str]:
     own_horizon = batch_ms - SKEW_MARGIN_MS
     foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
     found: set[str] = set()
-    end = _high_watermark(probe, tp)
     while end > 0:
         start = max(0, end - _CHUNK)
         done = False
-        for rec in reader.read(tp, start, end):
+        for rec in read_range(consumers, topic, partition, start, end, _READ_TIMEOUT_S):
+            if isinstance(rec, Unreadable):
+                continue  # not a record this coordinator wrote whole: it cannot be skipped
             rid = _record_id(rec.headers)
             if rid is not None and rid in wanted:
                 found.add(rid)
@@ -175,16 +152,18 @@ def written_ids(
         return set()
     tag = id_tag(next(iter(next(iter(wanted.values())))))
     probe = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
-    reader = _Reader(settings)
+    consumers = _Consumers(settings)
     found: set[str] = set()
     try:
         for topic, ids in wanted.items():
             # A topic that does not exist yet holds nothing (the sink's first write creates it).
-            parts = probe.partitions_for_topic(topic) or ()
-            for partition in sorted(parts):
-                tp = TopicPartition(topic, partition)
-                found |= _scan_partition(probe, reader, tp, ids - found, tag, batch_ms)
+            tps = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic)
+                                                              or ())]
+            ends = fetch_ends(probe, tps, {}, _READ_TIMEOUT_S)
+            for (_, partition), end in sorted(ends.items()):
+                found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
+                                         batch_ms)
     finally:
         probe.close()
-        reader.close()
+        consumers.close()
     return found

@@ -1,4 +1,4 @@
-"""Kafka records -> rows of ``EVENT_SCHEMA`` (tuples in ``EVENT_COLUMNS`` order, or Arrow).
+"""Kafka records -> ``EventRow`` rows of ``EVENT_SCHEMA`` (typed tuples, or Arrow).
 
 A row is the record as read (key, value, packed headers, where it lay) plus the state key its
 transaction lives under, so Spark can group it without looking inside. Decoding is the
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from state.keys import UNROUTABLE, KeyLayout, state_key
-from txstream.schema import EVENT_COLUMNS, EventKind
+from txstream.schema import EVENT_COLUMNS, EventKind, EventRow
 from txstream.wire import pack_headers
 
 __all__ = ["route", "record_row", "unreadable_row", "rows_to_batch", "arrow_schema",
@@ -40,16 +40,16 @@ def record_row(
     partition: int,
     offset: int,
     layout: KeyLayout,
-) -> tuple[Any, ...]:
+) -> EventRow:
     """One record of the half (``is_half``) or end topic as a row; never raises."""
-    return (route(key, layout), EventKind.HALF if is_half else EventKind.END, partition, offset,
-            key, value, pack_headers(headers or ()), None)
+    return EventRow(route(key, layout), EventKind.HALF if is_half else EventKind.END,
+                    partition, offset, key, value, pack_headers(headers or ()), None)
 
 
-def unreadable_row(is_half: bool, partition: int, offset: int, error: str) -> tuple[Any, ...]:
+def unreadable_row(is_half: bool, partition: int, offset: int, error: str) -> EventRow:
     """A record the Kafka client could not parse: only where it lay and why is known."""
-    return (UNROUTABLE, EventKind.HALF if is_half else EventKind.END, partition, offset,
-            None, None, None, error)
+    return EventRow(UNROUTABLE, EventKind.HALF if is_half else EventKind.END, partition, offset,
+                    None, None, None, error)
 
 
 def arrow_schema(spark_schema: Any) -> Any:

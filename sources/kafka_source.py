@@ -62,7 +62,7 @@ from sources.kafka_io import (
     read_slice,
 )
 from txstream.kafka import make_admin
-from txstream.schema import EVENT_SCHEMA
+from txstream.schema import EVENT_SCHEMA, EventRow
 from txstream.spark_worker import settle
 from txstream.timer_schedule import TICK, Schedule, next_tick
 
@@ -317,7 +317,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = partition.slices if isinstance(partition, SliceGroup) else (partition,)
         schema = arrow_schema(self.schema)
         layout = self.options.key_layout
-        rows: list[tuple[Any, ...]] = []
+        rows: list[EventRow] = []
         for part in parts:
             assert isinstance(part, TopicSlice)
             for rec in read_slice(self.options, part):

@@ -22,6 +22,7 @@ __all__ = [
     "Trigger",
     "Action",
     "TRANSITIONS",
+    "MAY_REACH",
     "Transaction",
     "Event",
     "apply",
@@ -73,7 +74,7 @@ _END_TRIGGERS = (_T.COMMIT, _T.ROLLBACK, _T.UNKNOWN)
 # (status before, trigger) -> (status after, action). ``None`` is "not known / forgotten".
 # Where the status after depends on more than the trigger (CHECK may discard, APPLY_HELD
 # ends where the held decision leads), the table names the status the action usually reaches;
-# ``_ALLOWED`` lists every status each action may reach, and ``apply`` checks it.
+# ``MAY_REACH`` lists every status such an action may reach, and ``apply`` checks it.
 TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] = {
     (None, _T.HALF): (_S.PENDING, _A.REGISTER),
     **{(None, t): (_S.EARLY_END, _A.HOLD_END) for t in _END_TRIGGERS},
@@ -102,7 +103,7 @@ TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] =
     (_S.DISCARDED, _T.TIMEOUT): (None, _A.FORGET),
 }
 
-_ALLOWED: dict[Action, frozenset[Status | None]] = {
+MAY_REACH: dict[Action, frozenset[Status | None]] = {
     _A.APPLY_HELD: frozenset({_S.PENDING, _S.COMMITTED, _S.ROLLED_BACK}),
     _A.CHECK: frozenset({_S.PENDING, _S.DISCARDED}),
 }
@@ -215,7 +216,7 @@ def apply(
         return tx, [DeadLetter(event, reason), _note(txid, "rejected", now, reason=reason)]
 
     new, effects = _ACTIONS[action](tx, event, now, policy)
-    expected = _ALLOWED.get(action, frozenset({after}))
+    expected = MAY_REACH.get(action, frozenset({after}))
     if (new.status if new else None) not in expected:  # pragma: no cover - a bug, not input
         raise AssertionError(f"{action} led {status}->{new and new.status}, not {expected}")
     return new, effects

@@ -33,7 +33,7 @@ class Policy:
     waits for the first batch that starts after its deadline, and its records come at the end of
     that batch: up to two batch durations late. 0 runs timers only once due. Longer than a
     busy batch's duration, it costs: a batch that carries a check due after the batch's
-    natural end cannot finish before that deadline (BENCHMARKS.md, section 15).
+    natural end cannot finish before that deadline (docs/decisions/0004-timer-lead.md).
     """
 
     transaction_timeout: int = 6 * SECOND

@@ -29,7 +29,7 @@ def kafka(broker: EmbeddedBroker) -> KafkaSettings:
 
 @pytest.fixture(scope="session")
 def spark():
-    from streaming.session import build_session
+    from streaming.engine.session import build_session
 
     session = build_session(app_name="txstream-tests")
     yield session

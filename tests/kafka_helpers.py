@@ -10,6 +10,7 @@ from kafka import TopicPartition
 
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
 from txstream.message import Decision, EndEvent, Message
+from txstream.schema import OutputRow
 from txstream.topics import Topics
 from txstream.wire import Record, decode_history, encode_end, encode_half
 
@@ -25,6 +26,7 @@ __all__ = [
     "end_record",
     "history_of",
     "headers_of",
+    "output_row",
 ]
 
 
@@ -127,3 +129,12 @@ def history_of(settings: KafkaSettings, topics: Topics, txid: str) -> list[dict[
 
 def headers_of(record: Any) -> dict[str, str]:
     return {k: (v or b"").decode("utf-8", "replace") for k, v in record.headers}
+
+
+def output_row(kind: str, topic: str, key: bytes | None, value: bytes | None,
+               headers: bytes | None = None, record_id: str | None = None,
+               batch_ms: int | None = None, not_before_ms: int | None = None) -> OutputRow:
+    """An operator output row as the sink takes it; the columns the sink does not read stay
+    null."""
+    return OutputRow(kind, topic, key, value, headers, None, None, None, None, None, None,
+                     record_id, batch_ms, not_before_ms)

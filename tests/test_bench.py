@@ -1,7 +1,7 @@
 """``txstream bench`` at a tiny size: it runs every phase and prints every field.
 
 Not its speed: the figures of a run this small (and on a shared test machine) mean nothing;
-BENCHMARKS.md holds the real ones. One subprocess, as a user runs it, with everything in one
+PERFORMANCE.md holds the real ones. One subprocess, as a user runs it, with everything in one
 JVM (``--in-process``) to stay within a test's time.
 """
 

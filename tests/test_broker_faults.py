@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from state.policy import Policy
-from streaming.config import RunConfig
-from streaming.run import Coordinator
+from streaming.engine.config import RunConfig
+from streaming.engine.coordinator import Coordinator
 from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from streaming.config import RunConfig
-from streaming.query import LAYOUT_FILE, pin_layout
+from streaming.engine.checkpoint import LAYOUT_FILE, pin_layout
+from streaming.engine.config import RunConfig
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 

@@ -19,9 +19,9 @@ import pytest
 
 from state.policy import Policy
 from streaming.cli import main
-from streaming.config import RunConfig
-from streaming.query import start_coordinator
-from streaming.session import ROCKSDB_SETTINGS
+from streaming.engine.config import RunConfig
+from streaming.engine.query import start_coordinator
+from streaming.engine.session import ROCKSDB_SETTINGS
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.topics import Topics

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from streaming.cli import build_parser
-from streaming.config import config_from_args
-from streaming.metrics import serve_metrics
-from streaming.progress import CoordinatorStats
+from streaming.cli.options import config_from_args
+from streaming.engine.metrics import serve_metrics
+from streaming.engine.progress import CoordinatorStats
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -133,7 +133,7 @@ def test_the_coordinator_healthcheck_works_against_real_metrics() -> None:
     test = SERVICES["coordinator"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
     stats = CoordinatorStats()
-    server = serve_metrics(0, stats, addr="127.0.0.1")
+    server = serve_metrics(0, stats, host="127.0.0.1")
     try:
         code = test[3].replace("127.0.0.1:9464", f"127.0.0.1:{server.port}")
         assert code != test[3]

@@ -7,8 +7,9 @@ import argparse
 import pytest
 
 from state.policy import Policy
-from streaming.config import RunConfig, add_run_arguments, config_from_args
-from streaming.session import DEFAULT_DRIVER_MEMORY
+from streaming.cli.options import add_run_arguments, config_from_args
+from streaming.engine.config import RunConfig
+from streaming.engine.session import DEFAULT_DRIVER_MEMORY
 from txstream.errors import ConfigError
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from state.policy import Policy
-from streaming.config import RunConfig
-from streaming.query import start_coordinator
+from streaming.engine.config import RunConfig
+from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.topics import Topics

@@ -17,8 +17,8 @@ from types import ModuleType
 import pytest
 
 from state.policy import Policy
-from streaming.config import RunConfig
-from streaming.query import start_coordinator
+from streaming.engine.config import RunConfig
+from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 from txstream.wire import H, header_dict

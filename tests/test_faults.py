@@ -26,8 +26,8 @@ import pytest
 from client import TransactionListener, TransactionProducer
 from state.policy import Policy
 from streaming.cli import main
-from streaming.config import RunConfig
-from streaming.run import Coordinator
+from streaming.engine.config import RunConfig
+from streaming.engine.coordinator import Coordinator
 from txstream.kafka import KafkaSettings
 from txstream.message import MAX_BODY_BYTES, Decision, Message
 from txstream.topics import Topics

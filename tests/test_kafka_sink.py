@@ -16,10 +16,10 @@ from sources.kafka_source import register
 from txstream.broker import EmbeddedBroker
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, make_producer
-from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+from txstream.schema import OUTPUT_SCHEMA, OutputRow
 from txstream.wire import pack_headers
 
-from kafka_helpers import read_topic
+from kafka_helpers import output_row, read_topic
 
 pytestmark = pytest.mark.spark
 
@@ -38,11 +38,10 @@ def _write(spark: Any, kafka: KafkaSettings, rows: list[tuple[Any, ...]], base: 
 
 
 def _row(kind: str, topic: str, key: bytes | None, value: bytes | None,
-         headers: list[tuple[str, bytes]]) -> tuple[Any, ...]:
-    """An OUTPUT_SCHEMA row; the columns the sink does not read stay null."""
-    given = {"kind": kind, "topic": topic, "key": key, "value": value,
-             "headers": pack_headers(headers)}
-    return tuple(given.get(name) for name, _ in OUTPUT_COLUMNS)
+         headers: list[tuple[str, bytes]]) -> OutputRow:
+    """An OUTPUT_SCHEMA row with its headers packed; the columns the sink does not read stay
+    null."""
+    return output_row(kind, topic, key, value, pack_headers(headers))
 
 
 def test_sink_writes_key_value_and_headers_byte_exact(
@@ -89,8 +88,8 @@ def test_a_record_made_ahead_of_its_deadline_is_not_sent_before_it(kafka, unique
     topic = f"{unique}_held"
     start = int(time.time() * 1000)
     deadline = start + 2000
-    rows = [("check", topic, b"held", b"c", None, "r0", start, deadline),
-            ("visible", topic, b"now", b"v", None, "r1", start, None)]
+    rows = [output_row("check", topic, b"held", b"c", None, "r0", start, deadline),
+            output_row("visible", topic, b"now", b"v", None, "r1", start, None)]
     send_rows(SinkOptions(kafka=kafka), rows)
     stamps = {r.key: r.timestamp for r in read_topic(kafka, topic)}
     assert stamps[b"now"] < deadline <= stamps[b"held"] < deadline + 2000
@@ -104,7 +103,7 @@ def test_a_hold_never_lasts_longer_than_the_lead(kafka, unique) -> None:
     now = int(time.time() * 1000)
     started = time.monotonic()
     send_rows(SinkOptions(kafka=kafka),
-              [("check", topic, b"k", b"c", None, "r0", now + 9_700, now + 10_000)])
+              [output_row("check", topic, b"k", b"c", None, "r0", now + 9_700, now + 10_000)])
     assert 0.25 < time.monotonic() - started < 3
     assert len(read_topic(kafka, topic)) == 1
 
@@ -113,17 +112,18 @@ def test_a_hold_never_lasts_longer_than_the_lead(kafka, unique) -> None:
 def test_invalid_rows_are_refused_before_anything_is_sent(kafka, unique) -> None:
     topic = f"{unique}_good"
     options = SinkOptions(kafka=kafka)
-    rows = [("visible", topic, b"k", b"v", None),
-            ("visible", "bad topic!", b"k", b"v", None),
-            ("dead_letter", topic, b"k", b"v", b"\x00\x05")]  # headers cut short
+    rows = [output_row("visible", topic, b"k", b"v", None),
+            output_row("visible", "bad topic!", b"k", b"v", None),
+            output_row("dead_letter", topic, b"k", b"v", b"\x00\x05")]  # headers cut short
     with pytest.raises(SendFailed, match=r"2 of 3 records cannot be written.*bad topic!.*"
                                          r"end inside a header's lengths"):
         send_rows(options, rows)
     assert read_topic(kafka, topic) == []  # nothing half-written
 
-    result = send_rows(options, [("visible", topic, b"k", b"v", None),
-                                 ("history", topic, b"k", b"h", pack_headers([("a", None)])),
-                                 ("dead_letter", topic, None, None, b"")])
+    result = send_rows(options, [
+        output_row("visible", topic, b"k", b"v", None),
+        output_row("history", topic, b"k", b"h", pack_headers([("a", None)])),
+        output_row("dead_letter", topic, None, None, b"")])
     assert isinstance(result, SinkCommit)
     assert result.counts == {"visible": 1, "history": 1, "dead_letter": 1}
     # kafka-python writes a null header value as empty, and cannot send neither key nor value.
@@ -137,13 +137,14 @@ def test_unacknowledged_records_raise_send_failed() -> None:
     try:
         options = SinkOptions(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
                               flush_timeout_s=1.0)
-        assert send_rows(options, [("visible", "t", b"k", b"v", b"")]).counts == {"visible": 1}
+        rows = [output_row("visible", "t", b"k", b"v", b"")]
+        assert send_rows(options, rows).counts == {"visible": 1}
     finally:
         broker.stop()
     # The cached producer still knows the topic's leader, so send() accepts the record and
     # only the missing acknowledgement can tell: the flush runs out of time.
     with pytest.raises(SendFailed, match="KafkaTimeoutError"):
-        send_rows(options, [("visible", "t", b"k", b"v", b"")])
+        send_rows(options, [output_row("visible", "t", b"k", b"v", b"")])
 
 
 @pytest.mark.kafka
@@ -153,13 +154,13 @@ def test_a_first_record_for_a_new_topic_does_not_stall_a_big_first_batch(kafka, 
     topic, the history topic). A fresh kafka-python producer stalled on this until the
     delivery timeout, and the batch failed (the next test has the cause)."""
     known = f"{unique}_known"
-    send_rows(SinkOptions(kafka=kafka), [("visible", known, b"k", b"v", None)])
+    send_rows(SinkOptions(kafka=kafka), [output_row("visible", known, b"k", b"v", None)])
     headers = pack_headers([("UNIQ_KEY", b"m"), ("PGROUP", b"g")])
     for round_ in range(3):
         # Other client settings: the sink caches producers by settings, so this one is fresh.
         fresh = KafkaSettings(kafka.bootstrap_servers, extra={"client_id": f"{unique}-{round_}"})
-        rows = [("visible", known, b"k%d" % i, bytes(300), headers) for i in range(5000)]
-        rows.append(("check", f"{unique}_new{round_}", b"k", b"check", None))
+        rows = [output_row("visible", known, b"k%d" % i, bytes(300), headers) for i in range(5000)]
+        rows.append(output_row("check", f"{unique}_new{round_}", b"k", b"check", None))
         result = send_rows(SinkOptions(kafka=fresh, flush_timeout_s=20.0), rows)
         assert result.counts == {"visible": 5000, "check": 1}
     assert len(read_topic(kafka, known, timeout_s=10)) == 1 + 3 * 5000
@@ -173,7 +174,7 @@ def test_records_for_a_known_topic_outlive_a_new_topics_first_metadata(kafka, un
     nobody asked for: the sink's stall, deterministic. Every txstream producer is built by
     make_producer, so this holds for the sink, the client library and the tools alike."""
     known = f"{unique}_known"
-    send_rows(SinkOptions(kafka=kafka), [("visible", known, b"k", b"v", None)])
+    send_rows(SinkOptions(kafka=kafka), [output_row("visible", known, b"k", b"v", None)])
     producer = make_producer(kafka, linger_ms=1000)
     try:
         waiting = [producer.send(known, key=b"k%d" % i, value=b"v") for i in range(20)]

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from state.policy import Policy
-from streaming.config import RunConfig
-from streaming.metrics import serve_metrics
-from streaming.progress import CoordinatorStats
-from streaming.run import Coordinator
+from streaming.engine.config import RunConfig
+from streaming.engine.coordinator import Coordinator
+from streaming.engine.metrics import serve_metrics
+from streaming.engine.progress import CoordinatorStats
 from txstream.broker import free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
@@ -42,7 +42,7 @@ def test_metrics_count_what_the_coordinator_did(
     config = RunConfig(kafka=kafka, topics=topics, policy=policy, checkpoint_dir=checkpoint_dir,
                        buckets=8, query_name=f"metrics-{unique}")
     coordinator = Coordinator(config).start()
-    server = serve_metrics(0, coordinator.listener.stats, addr="127.0.0.1")
+    server = serve_metrics(0, coordinator.listener.stats, host="127.0.0.1")
     try:
         real, group = f"{unique}-real", f"{unique}-g"
         ids = [f"{unique}-{i}" for i in range(6)]
@@ -97,5 +97,5 @@ def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
     # the same port can be served again at once (a restarted coordinator)
-    again = serve_metrics(port, stats, addr="127.0.0.1")
+    again = serve_metrics(port, stats, host="127.0.0.1")
     again.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.options import new_message_id
-from streaming.session import DEFAULT_DRIVER_MEMORY
+from streaming.engine.session import DEFAULT_DRIVER_MEMORY
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
@@ -36,8 +36,8 @@ from process_helpers import CoordinatorProcess
 pytestmark = pytest.mark.spark
 
 # 108 MB born in one second: too much for 512m, not for the default. With 4 MB G1 regions
-# (BENCHMARKS.md, section 24) 60 of them were held at 512m once in two tries, 120 never
-# (three tries), and 2g held 180.
+# (docs/decisions/0008-driver-heap-and-g1-regions.md) 60 of them were held at 512m once in two
+# tries, 120 never (three tries), and 2g held 180.
 HALVES = 120
 BODY_BYTES = 900_000
 

@@ -14,7 +14,7 @@ from kafka.admin import NewTopic
 
 from state.bucket import FORMAT_VERSION, Bucket
 from state.policy import Policy
-from streaming.operator import coordinator_tag, record_id
+from streaming.engine.records import coordinator_tag, record_id
 from txstream.kafka import KafkaSettings, make_admin, make_producer
 from txstream.message import Message
 from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA

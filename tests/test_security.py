@@ -25,13 +25,24 @@ import pytest
 from client import PushConsumer, TransactionListener, TransactionProducer
 from sinks.kafka_sink import SinkOptions, send_rows
 from sources.kafka_io import SourceOptions, consumer_for, drop_consumer
-from streaming.admin import TopicReader
-from streaming.config import add_run_arguments, config_from_args
-from streaming.kafka_args import add_kafka_arguments, settings_of
+from streaming.cli.options import (
+    add_kafka_arguments,
+    add_run_arguments,
+    config_from_args,
+    settings_of,
+)
 from txstream.errors import TxStreamError
-from txstream.kafka import KafkaSettings, make_admin, make_consumer, make_producer, wait_for_broker
+from txstream.kafka import (
+    KafkaSettings,
+    TopicReader,
+    make_admin,
+    make_consumer,
+    make_producer,
+    wait_for_broker,
+)
 from txstream.message import Decision, Message
 
+from kafka_helpers import output_row
 from process_helpers import REPO
 
 pytestmark = pytest.mark.kafka
@@ -74,7 +85,7 @@ def _source(kafka: KafkaSettings) -> None:
 
 def _sink(kafka: KafkaSettings) -> None:
     send_rows(SinkOptions.parse({"kafka": _run_json(kafka)}),
-              [("visible", "sasl-probe", b"k", b"v", b"")])
+              [output_row("visible", "sasl-probe", b"k", b"v", b"")])
 
 
 def _push_consumer(kafka: KafkaSettings) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from streaming.config import RunConfig
-from streaming.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.session import (
+from streaming.engine.config import RunConfig
+from streaming.engine.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
+from streaming.engine.session import (
     DEFAULT_DRIVER_MEMORY,
     JIT_OPTIONS,
     build_session,
@@ -51,7 +51,7 @@ def test_the_session_has_the_heap_it_was_given_not_sparks_1g(spark: Any) -> None
 
 def test_the_session_gives_a_state_key_ordinary_g1_regions(spark: Any) -> None:
     # G1's own choice for the default 2g heap is 1 MB regions, which makes every copy of a
-    # key of 512 KB or more humongous (section 24 of BENCHMARKS.md).
+    # key of 512 KB or more humongous (docs/decisions/0008-driver-heap-and-g1-regions.md).
     assert int(_vm_option(spark, "G1HeapRegionSize")) == 4 * 2**20
 
 
@@ -140,7 +140,8 @@ def test_spark_settings_given_by_the_user_keep_their_class_path_and_file_system(
     mine = with_no_fork_fs({"spark.driver.extraClassPath": "/opt/jdbc.jar", "x": "1"}, jar)
     assert mine["spark.driver.extraClassPath"] == f"{jar}{os.pathsep}/opt/jdbc.jar"
     assert mine["x"] == "1" and mine["spark.hadoop.fs.file.impl"] == NO_FORK_FS_CLASS
-    # A file system chosen by the user (to compare, BENCHMARKS.md section 16) is not overridden.
+    # A file system chosen by the user (to compare, docs/decisions/0006-no-fork-local-fs.md) is not
+    # overridden.
     hadoop = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
     assert with_no_fork_fs(hadoop, jar)["spark.hadoop.fs.file.impl"] == \
         "org.apache.hadoop.fs.LocalFileSystem"

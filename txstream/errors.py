@@ -10,6 +10,7 @@ __all__ = [
     "BrokerUnavailable",
     "ClientStateError",
     "SendFailed",
+    "ReadFailed",
 ]
 
 
@@ -43,3 +44,7 @@ class ClientStateError(TxStreamError, RuntimeError):
 
 class SendFailed(TxStreamError, RuntimeError):
     """The broker did not acknowledge a record."""
+
+
+class ReadFailed(TxStreamError, RuntimeError):
+    """Records could not be read from Kafka as planned (broker down, records lost)."""

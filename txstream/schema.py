@@ -1,20 +1,28 @@
 """The one schema module: the rows that flow through the coordinator's streaming query.
 
     Kafka (half + end topics)
-      -> sources.kafka_source  rows of EVENT_SCHEMA: one per record, as read, with its state key
-      -> streaming.operator    applyInPandasWithState keyed by ``state_key``, state STATE_SCHEMA;
-                               decodes each record (sources.events) and runs the core
-      -> rows of OUTPUT_SCHEMA (one per record to write, routed by ``kind``)
-      -> sinks.kafka_sink      Kafka (real topics, check topics, discard, dead letter, history)
+      -> sources.kafka_source   EventRow: one per record, as read, with its state key
+      -> streaming.engine.operator
+                                applyInPandasWithState keyed by ``state_key``, state STATE_SCHEMA;
+                                decodes each record (sources.events) and runs the core
+      -> OutputRow: one per record to write, routed by ``kind`` (and one timer row per key)
+      -> sinks.kafka_sink       Kafka (real topics, check topics, discard, dead letter, history)
 
-Rows are narrow on purpose: every column costs a conversion per row between the JVM, Arrow and
-pandas, and a map or struct column a Python call per row on top (BENCHMARKS.md). Kept as DDL
-strings so that importing this module needs no JVM.
+Each row is a typed named tuple; its fields carry their Spark type (``Annotated``), from which
+the DDL schemas Spark is given are generated, so the Python rows and Spark's columns cannot
+drift apart. Rows are narrow on purpose: every column costs a conversion per row between the
+JVM, Arrow and pandas (docs/decisions/0010-narrow-rows.md). DDL strings, so that importing
+this module needs no JVM.
 """
 
 from __future__ import annotations
 
+import typing
+from typing import Annotated, NamedTuple
+
 __all__ = [
+    "EventRow",
+    "OutputRow",
     "EVENT_SCHEMA",
     "EVENT_COLUMNS",
     "HISTORY_COUNTED",
@@ -23,18 +31,19 @@ __all__ = [
     "STATE_SCHEMA",
     "Kind",
     "EventKind",
+    "columns_of",
 ]
 
 
 class EventKind:
-    """Values of EVENT_SCHEMA.kind: the topic a record was read from."""
+    """Values of ``EventRow.kind``: the topic a record was read from."""
 
     HALF = 0
     END = 1
 
 
 class Kind:
-    """Values of OUTPUT_SCHEMA.kind: which sink a row goes to."""
+    """Values of ``OutputRow.kind``: which sink a row goes to."""
 
     VISIBLE = "visible"
     CHECK = "check"
@@ -48,45 +57,63 @@ class Kind:
     ALL = (VISIBLE, CHECK, DISCARD, DEAD_LETTER, HISTORY, TIMER)
 
 
-# One row per Kafka record read from the half or end topic, undecoded: the operator decodes it
-# (sources.events.parse_event), once.
-EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("state_key", "bigint"),  # state.keys.state_key of the record key (the transaction id)
-    ("kind", "tinyint"),  # EventKind
-    ("src_partition", "int"),
-    ("src_offset", "bigint"),
-    ("key", "binary"),
-    ("value", "binary"),
-    ("headers", "binary"),  # txstream.wire.pack_headers
-    ("error", "string"),  # set when the Kafka client could not read the record at all
-)
-EVENT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in EVENT_COLUMNS)
+class EventRow(NamedTuple):
+    """One Kafka record read from the half or end topic, undecoded: the operator decodes it
+    (sources.events.parse_event), once."""
 
-HISTORY_COUNTED_PREFIX = "history_"
-# One row per record the coordinator writes.
-OUTPUT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("kind", "string"),  # Kind
-    ("topic", "string"),
-    ("key", "binary"),
-    ("value", "binary"),
-    ("headers", "binary"),  # txstream.wire.pack_headers
+    state_key: Annotated[int, "bigint"]  # state.keys.state_key of the record key (its txid)
+    kind: Annotated[int, "tinyint"]  # EventKind
+    src_partition: Annotated[int, "int"]
+    src_offset: Annotated[int, "bigint"]
+    key: Annotated[bytes | None, "binary"]
+    value: Annotated[bytes | None, "binary"]
+    headers: Annotated[bytes | None, "binary"]  # txstream.wire.pack_headers
+    error: Annotated[str | None, "string"]  # the Kafka client could not read the record at all
+
+
+class OutputRow(NamedTuple):
+    """One record the coordinator writes (or, ``Kind.TIMER``, a key's next timeout)."""
+
+    kind: Annotated[str, "string"]  # Kind
+    topic: Annotated[str, "string"]
+    key: Annotated[bytes | None, "binary"]
+    value: Annotated[bytes | None, "binary"]
+    headers: Annotated[bytes | None, "binary"]  # txstream.wire.pack_headers
     # check: ms after its deadline it was asked; visible: ms from the commit's send to release
-    ("lag_ms", "bigint"),
-    # history: how many lines of each event it holds (the query's counters sum them); else null.
-    # Plain columns, not a map: before each row Spark sizes the Arrow batch it sends the sink,
-    # and sizing a map (list) vector walks it, quadratic in the rows (BENCHMARKS.md).
-    *((f"{HISTORY_COUNTED_PREFIX}{event}", "int") for event in ("half", "rolled_back",
-                                                                 "rejected", "duplicate",
-                                                                 "expired")),
+    lag_ms: Annotated[int | None, "bigint"]
+    # history: how many lines of each event it holds (the query's counters sum them); else
+    # null. Plain columns, not a map: before each row Spark sizes the Arrow batch it sends the
+    # sink, and sizing a map (list) vector walks it, quadratic in the rows.
+    history_half: Annotated[int | None, "int"]
+    history_rolled_back: Annotated[int | None, "int"]
+    history_rejected: Annotated[int | None, "int"]
+    history_duplicate: Annotated[int | None, "int"]
+    history_expired: Annotated[int | None, "int"]
     # The record's id (also its TXSTREAM_RECORD_ID header) and the micro-batch's time: both the
     # same when a batch is replayed after a crash, so the sink skips what was already written.
-    ("record_id", "string"),
-    ("batch_ms", "bigint"),
+    record_id: Annotated[str | None, "string"]
+    batch_ms: Annotated[int | None, "bigint"]
     # A timer's record made ahead of its deadline (state.policy.Policy.timer_lead): the sink
     # sends it no earlier than this. Null: at once. A TIMER row: the key's next timeout.
-    ("not_before_ms", "bigint"),
-)
-OUTPUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
+    not_before_ms: Annotated[int | None, "bigint"]
+
+
+def columns_of(row: type[tuple[object, ...]]) -> tuple[tuple[str, str], ...]:
+    """((name, Spark SQL type), ...) of a row type, in field order."""
+    hints = typing.get_type_hints(row, include_extras=True)
+    return tuple((name, hints[name].__metadata__[0]) for name in row._fields)  # type: ignore[attr-defined]
+
+
+def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
+
+
+EVENT_COLUMNS = columns_of(EventRow)
+EVENT_SCHEMA = _ddl(EVENT_COLUMNS)
+OUTPUT_COLUMNS = columns_of(OutputRow)
+OUTPUT_SCHEMA = _ddl(OUTPUT_COLUMNS)
+
+HISTORY_COUNTED_PREFIX = "history_"
 # The history events counted in their own columns, by event name.
 HISTORY_COUNTED = {name[len(HISTORY_COUNTED_PREFIX):]: name for name, _ in OUTPUT_COLUMNS
                    if name.startswith(HISTORY_COUNTED_PREFIX)}

@@ -3,11 +3,12 @@ when a timer is due, and only then.
 
 Spark runs a processing-time timeout only inside a micro-batch. With its no-data batches on,
 a query with timeouts runs batches back to back, input or not, to find the due ones: an idle
-coordinator kept 1.3-1.45 of this machine's 2 cores busy (BENCHMARKS.md). txstream turns those
-batches off (``streaming.session``) and tells Spark when a timer is due instead:
+coordinator kept 1.3-1.45 of this machine's 2 cores busy (docs/decisions/0003-timer-schedule.md).
+txstream turns those
+batches off (``streaming.engine.session``) and tells Spark when a timer is due instead:
 
 - the operator emits a timer row for every state key it runs: the key's new timeout, or none
-  (``streaming.operator``);
+  (``streaming.engine.operator``);
 - the sink's tasks return them, and its driver-side commit folds them into this schedule, a
   file in the checkpoint (``sinks.kafka_sink``). A replayed batch folds the same rows into the
   same result;

@@ -74,6 +74,7 @@ class Topics:
     discard: str = DISCARD_TOPIC
     dead_letter: str = DEAD_LETTER_TOPIC
     history: str = HISTORY_TOPIC
+    prefix: str = ""  # what with_prefix put before every name
 
     @classmethod
     def with_prefix(cls, prefix: str) -> Topics:
@@ -88,6 +89,7 @@ class Topics:
             discard=prefix + DISCARD_TOPIC,
             dead_letter=prefix + DEAD_LETTER_TOPIC,
             history=prefix + HISTORY_TOPIC,
+            prefix=prefix,
         )
 
     def check(self, group: str) -> str:

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import json
 import re
-import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from txstream.errors import ConfigError, MalformedRecord
+from txstream.headers import (
+    Headers,
+    header_dict,
+    headers_tuple,
+    pack_headers,
+    packed_header_dict,
+    unpack_headers,
+)
 from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
 from txstream.topics import Topics, validate_group, validate_topic
 
@@ -41,9 +48,6 @@ __all__ = [
     "half_from_text",
     "end_from_text",
 ]
-
-Headers = tuple[tuple[str, bytes], ...]
-
 
 class H:
     """Header names. RocketMQ's property names where it has one."""
@@ -91,28 +95,6 @@ class Record(NamedTuple):
 
 def _b(text: str) -> bytes:
     return text.encode("utf-8")
-
-
-def header_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
-    """Decode headers to text; raise :class:`MalformedRecord` on anything undecodable."""
-    out: dict[str, str] = {}
-    for item in headers or ():
-        try:
-            name, raw = item
-        except (TypeError, ValueError):
-            raise MalformedRecord("header is not a (name, value) pair") from None
-        if not isinstance(name, str):
-            raise MalformedRecord("header name is not text")
-        if raw is None:
-            raw = b""
-        # bytes(n) of an int would be n zero bytes (or a terabyte): only real bytes are text.
-        if not isinstance(raw, _BYTES):
-            raise MalformedRecord(f"header {name!r} value is not bytes")
-        try:
-            out[name] = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
-    return out
 
 
 def _int(
@@ -418,64 +400,3 @@ def decode_history(value: bytes | None, key: bytes | None = None) -> list[dict[s
     if not isinstance(out, list) or not all(isinstance(line, dict) for line in out):
         raise MalformedRecord("history record is not a JSON list of objects")
     return out
-
-
-def headers_tuple(pairs: Sequence[tuple[str, bytes | None]] | None) -> Headers:
-    return tuple((k, v if v is not None else b"") for k, v in (pairs or ()))
-
-
-# (name length, value length) before each header's name and value in pack_headers.
-_PACKED = struct.Struct(">HI")
-
-
-def pack_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
-    """Headers as one byte string, the way the source and the operator's output rows carry them.
-
-    A list of (name, value) structs costs Spark's pandas-to-Arrow conversion a Python call per
-    header of every record; one binary column costs it nothing. ``None`` values become empty,
-    as Kafka clients write them anyway.
-    """
-    parts: list[bytes] = []
-    for name, value in headers:
-        raw = name.encode("utf-8")
-        value = value or b""
-        parts += (_PACKED.pack(len(raw), len(value)), raw, value)
-    return b"".join(parts)
-
-
-def _packed(blob: object) -> bytes:
-    if not isinstance(blob, _BYTES):
-        raise MalformedRecord(f"packed headers are {type(blob).__name__}, not bytes")
-    return bytes(blob)
-
-
-def _walk_packed(blob: bytes) -> Iterable[tuple[str, bytes]]:
-    unpack_from, size = _PACKED.unpack_from, _PACKED.size
-    at, end = 0, len(blob)
-    while at < end:
-        if end - at < size:
-            raise MalformedRecord("packed headers end inside a header's lengths")
-        name_len, value_len = unpack_from(blob, at)
-        at += size
-        name_end = at + name_len
-        value_end = name_end + value_len
-        if value_end > end:
-            raise MalformedRecord("packed headers end inside a header")
-        try:
-            name = blob[at:name_end].decode("utf-8")
-        except UnicodeDecodeError:
-            raise MalformedRecord("a packed header's name is not UTF-8") from None
-        yield name, blob[name_end:value_end]
-        at = value_end
-
-
-def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
-    """The headers :func:`pack_headers` packed; raises MalformedRecord on anything else."""
-    if blob is None:
-        return []
-    return list(_walk_packed(_packed(blob)))
-
-
-def packed_header_dict(blob: bytes | None) -> dict[str, str]:
-    """:func:`header_dict` of packed headers."""
-    return {} if blob is None else header_dict(_walk_packed(_packed(blob)))

@@ -1,1 +1,0 @@
-"""RocketMQ's transaction example on txstream (importable: `txstream demo` runs it)."""

@@ -1,0 +1,159 @@
+"""The command line's flags and their environment variables: the one place either is read.
+
+Every flag ``--check-max`` has a variable ``TXSTREAM_CHECK_MAX``; a flag beats the variable,
+the variable beats the default. The flags of ``txstream run`` become one validated
+:class:`~streaming.engine.config.RunConfig` (:func:`config_from_args`); the Kafka flags every
+command shares become :class:`~txstream.kafka.KafkaSettings` (TLS/SASL variables included,
+``KafkaSettings.from_env``), so one exported environment serves every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from state.policy import Policy
+from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
+from streaming.engine.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.options import parse_bool
+from txstream.topics import Topics
+
+__all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of", "format_ms",
+           "add_run_arguments", "config_from_args"]
+
+# The core's timing rules (state.policy.Policy): flag, kind, help. Durations are text ("6s").
+_POLICY_FLAGS: list[tuple[str, str, str]] = [
+    ("transaction-timeout", "duration", "first back-check after this (transactionTimeOut)"),
+    ("check-interval", "duration", "time between back-checks (transactionCheckInterval)"),
+    ("check-max", "int", "answered checks before discard (transactionCheckMax)"),
+    ("reserved-time", "duration", "discard half messages older than this (fileReservedTime)"),
+    ("orphan-end-timeout", "duration", "how long an end event waits for its half message"),
+    ("resolved-retention", "duration", "how long resolved transactions are remembered"),
+    ("timer-lead", "duration", "timers due this soon after a micro-batch starts run in it; "
+                               "their records wait for the deadline (0: off)"),
+]
+# Flags of RunConfig fields given as they are (numbers and names), by field name.
+_PLAIN_FIELDS = ("buckets", "key_shards", "shuffle_partitions", "state_store",
+                 "max_offsets_per_trigger", "jit", "driver_memory")
+_SECURITY_FLAGS = ("security-protocol", "sasl-mechanism", "sasl-username", "sasl-password",
+                   "ssl-cafile", "ssl-certfile", "ssl-keyfile")
+
+
+def env(flag: str) -> str | None:
+    """The environment variable of ``--flag``: ``TXSTREAM_FLAG`` (dashes as underscores)."""
+    return os.environ.get("TXSTREAM_" + flag.upper().replace("-", "_")) or None
+
+
+def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the broker is, how to reach it, and the coordinator's topic prefix."""
+    p.add_argument("--bootstrap-servers", default=env("bootstrap-servers"),
+                   help="Kafka HOST:PORT[,...] (env TXSTREAM_BOOTSTRAP_SERVERS)")
+    p.add_argument("--topic-prefix", default=env("topic-prefix") or "",
+                   help="prefix of every system topic, as the coordinator was given it "
+                        "(env TXSTREAM_TOPIC_PREFIX)")
+    for flag in _SECURITY_FLAGS:
+        p.add_argument(f"--{flag}", default=None,
+                       help=argparse.SUPPRESS if flag != "security-protocol" else
+                       "TLS/SASL: --security-protocol, --sasl-mechanism, --sasl-username, "
+                       "--sasl-password, --ssl-cafile, --ssl-certfile, --ssl-keyfile (or "
+                       "their TXSTREAM_* variables)")
+
+
+def settings_of(args: argparse.Namespace, bootstrap_servers: str | None = None
+                ) -> KafkaSettings:
+    """The Kafka settings of the parsed flags; TLS/SASL flags beat their variables."""
+    given = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_"), None)
+             for flag in _SECURITY_FLAGS}
+    return KafkaSettings.from_env(bootstrap_servers=bootstrap_servers or args.bootstrap_servers,
+                                  **given)
+
+
+def topics_of(args: argparse.Namespace) -> Topics:
+    return Topics.with_prefix(args.topic_prefix or "")
+
+
+def format_ms(epoch_ms: int | None) -> str:
+    """Local wall-clock time with milliseconds, or '-'."""
+    if epoch_ms is None:
+        return "-"
+    seconds, ms = divmod(int(epoch_ms), 1000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``txstream run`` (also taken by the benchmark)."""
+    add_kafka_arguments(p)
+    p.add_argument("--checkpoint-dir", default=env("checkpoint-dir"),
+                   help=f"default {DEFAULT_CHECKPOINT_ROOT / 'coordinator'}")
+    for name, _kind, text in _POLICY_FLAGS:
+        p.add_argument(f"--{name}", default=env(name), help=text)
+    p.add_argument("--trigger", default=env("trigger") or "0s",
+                   help="micro-batch trigger interval (0s: back to back)")
+    p.add_argument("--key-window", default=env("key-window"),
+                   help="state keys: window of transaction-id creation times (default 1s)")
+    p.add_argument("--key-shards", type=int, default=env("key-shards"),
+                   help="state keys per window (default 2: one per shuffle partition)")
+    p.add_argument("--buckets", type=int, default=env("buckets"),
+                   help="state keys for transaction ids that carry no time (default 16)")
+    p.add_argument("--shuffle-partitions", type=int, default=env("shuffle-partitions"))
+    p.add_argument("--state-store", choices=("default", "rocksdb"), default=env("state-store"))
+    p.add_argument("--jit", choices=tuple(JIT_OPTIONS), default=env("jit"),
+                   help="the JVM's compilers: c1 (default: quick, least CPU on small machines) "
+                        "or tiered (the JVM's default, C2 too)")
+    p.add_argument("--driver-memory", default=env("driver-memory"),
+                   help=f"the Spark driver's heap, where local state lives (default "
+                        f"{DEFAULT_DRIVER_MEMORY})")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=env("max-offsets-per-trigger"))
+    p.add_argument("--metrics-port", type=int, default=env("metrics-port"),
+                   help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default=env("metrics-host") or "0.0.0.0",
+                   help="address the metrics server binds (default all interfaces)")
+    p.add_argument("--no-history", action="store_true",
+                   default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
+                   help="do not write transitions to the history topic")
+
+
+def _policy(args: argparse.Namespace) -> Policy:
+    changes: dict[str, int] = {}
+    for name, kind, _text in _POLICY_FLAGS:
+        value = getattr(args, name.replace("-", "_"))
+        if value is None:
+            continue
+        try:
+            changes[name.replace("-", "_")] = (
+                parse_duration_ms(value) if kind == "duration" else int(value))
+        except ValueError as exc:
+            raise ConfigError(f"--{name}: {exc}") from None
+    try:
+        return replace(Policy(), **changes)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunConfig:
+    """The RunConfig of the parsed flags; ``bootstrap_servers`` is already resolved."""
+    changes: dict[str, Any] = {
+        "kafka": settings_of(args, bootstrap_servers),
+        "policy": _policy(args),
+        "topics": Topics.with_prefix(args.topic_prefix),
+        "trigger_ms": parse_duration_ms(args.trigger),
+        "history": not args.no_history,
+        "metrics_port": int(args.metrics_port) if args.metrics_port else None,
+        "metrics_host": args.metrics_host,
+    }
+    if args.checkpoint_dir:
+        changes["checkpoint_dir"] = Path(args.checkpoint_dir)
+    if args.key_window is not None:
+        changes["key_window_ms"] = parse_duration_ms(args.key_window)
+    for name in _PLAIN_FIELDS:
+        value = getattr(args, name)
+        if value is not None:
+            text = name in ("state_store", "jit", "driver_memory")
+            changes[name] = value if text else int(value)
+    return RunConfig(**changes)

@@ -1,0 +1,92 @@
+"""``txstream run``: the coordinator as a long-running job, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from streaming.cli.options import add_run_arguments, config_from_args
+from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
+from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig
+from streaming.engine.coordinator import Coordinator
+from txstream.broker import EmbeddedBroker
+from txstream.kafka import wait_for_broker
+
+__all__ = ["add_parser", "run_command"]
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the transaction coordinator until stopped",
+                       description="Run the coordinator until Ctrl-C or SIGTERM. Without "
+                                   "--bootstrap-servers it starts an embedded tansu broker.")
+    add_run_arguments(p)
+    p.add_argument("--broker-timeout", type=float, default=30.0,
+                   help="seconds to wait for the Kafka broker at start")
+    p.set_defaults(func=run_command)
+
+
+def _config(args: argparse.Namespace, stack: ExitStack) -> RunConfig:
+    bootstrap = args.bootstrap_servers
+    if not bootstrap:
+        broker = stack.enter_context(EmbeddedBroker())
+        bootstrap = broker.bootstrap_servers
+        _say(f"embedded tansu broker listening on {bootstrap} (memory storage)")
+    config = config_from_args(args, bootstrap)
+    if not args.bootstrap_servers and not args.checkpoint_dir:
+        # The embedded broker starts empty every time: a checkpoint from an earlier run
+        # would be ahead of it (the source refuses that as data loss). Start a fresh one.
+        fresh = DEFAULT_CHECKPOINT_ROOT / f"embedded-{time.strftime('%Y%m%d-%H%M%S')}"
+        config = config.with_(checkpoint_dir=fresh)
+    return config
+
+
+def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coordinator:
+    _say(f"waiting for Kafka at {config.kafka.bootstrap_servers}")
+    wait_for_broker(config.kafka, timeout_s=args.broker_timeout)
+    coordinator = Coordinator(config, emit=_say)
+    _say(f"starting coordinator (checkpoint {config.checkpoint_dir})")
+    stack.callback(coordinator.stop)
+    coordinator.start()
+    if config.metrics_port:
+        from streaming.engine.metrics import serve_metrics
+
+        server = serve_metrics(config.metrics_port, coordinator.listener.stats,
+                               config.metrics_host)
+        stack.callback(server.close)
+        _say(f"metrics on http://127.0.0.1:{config.metrics_port}/metrics")
+    p = config.policy
+    _say(f"coordinator running: half topic {config.topics.half}, end topic "
+         f"{config.topics.end}; transaction timeout {p.transaction_timeout} ms, check "
+         f"interval {p.check_interval} ms, check max {p.check_max}. Ctrl-C stops it.")
+    return coordinator
+
+
+def run_command(args: argparse.Namespace) -> int:
+    failure = None
+    with ExitStack() as stack:
+        with interrupt_on_signals():  # until the query runs, a signal simply unwinds
+            config = _config(args, stack)
+            coordinator = _start(config, args, stack)
+        stop = stop_event_on_signals()
+        try:
+            while coordinator.query.isActive and not stop.is_set():
+                coordinator.query.awaitTermination(1.0)
+        except Exception:  # awaitTermination raises the query's failure, said below in one line
+            pass
+        if stop.is_set():
+            _say("stopping coordinator")
+            return 0
+        failure = coordinator.failure()
+    # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
+    # py4j log its connection errors, and the verdict must be the last line a user reads.
+    if failure:
+        print(f"txstream: coordinator failed: {failure}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,96 @@
+"""The coordinator's configuration: one frozen dataclass, validated once, with RocketMQ's
+defaults where RocketMQ has one.
+
+The command line builds it (``streaming.cli.options``: flags and ``TXSTREAM_*`` variables);
+everything else (the session, the source's and sink's options, the checkpoint) is derived
+from it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from state.keys import KeyLayout
+from state.policy import Policy
+from streaming.engine.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.topics import Topics
+
+__all__ = [
+    "DEFAULT_CHECKPOINT_ROOT",
+    "RunConfig",
+    "parse_duration_ms",
+]
+
+DEFAULT_CHECKPOINT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+
+
+def parse_duration_ms(text: str | int | float) -> int:
+    """``'6s'``, ``'250ms'``, ``'72h'``, ``'1.5m'`` or a bare number of seconds -> milliseconds."""
+    if isinstance(text, (int, float)):
+        return int(text * 1000)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"not a duration: {text!r} (examples: 6s, 250ms, 60s, 72h)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit or "s"])
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``txstream run`` needs. Defaults: RocketMQ's, and what measured best here."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: Topics = field(default_factory=Topics)
+    policy: Policy = field(default_factory=Policy)
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
+    trigger_ms: int = 0  # 0: a batch as soon as input or a due timer is there (best latency)
+    # State keys (state/keys.py): a transaction id's creation-time window and one of
+    # ``key_shards`` shards; ``buckets`` hash buckets for ids that carry no time. Pinned in the
+    # checkpoint (streaming.engine.checkpoint).
+    key_window_ms: int = 1000
+    key_shards: int = 2
+    buckets: int = 16
+    shuffle_partitions: int = 2
+    state_store: str = "default"  # or "rocksdb"
+    jit: str = "c1"  # the JVM's compilers: "c1" (quick, least CPU) or "tiered"
+    driver_memory: str = DEFAULT_DRIVER_MEMORY  # the driver's heap, which holds the local state
+    max_offsets_per_trigger: int | None = 20_000
+    topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
+    history: bool = True  # write every transition to the history topic (txstream history)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # all interfaces: a scraper in another container must reach it
+    query_name: str = "txstream-coordinator"
+
+    def __post_init__(self) -> None:
+        if self.buckets < 1 or self.key_shards < 1:
+            raise ConfigError("buckets and key shards must be at least 1")
+        if self.key_window_ms < 1:
+            raise ConfigError("the key window must be at least 1 ms")
+        if self.shuffle_partitions < 1:
+            raise ConfigError("shuffle partitions must be at least 1")
+        if self.state_store not in ("default", "rocksdb"):
+            raise ConfigError("state store must be 'default' or 'rocksdb'")
+        if self.jit not in JIT_OPTIONS:
+            raise ConfigError(f"jit must be one of {', '.join(JIT_OPTIONS)}, not {self.jit!r}")
+        if self.trigger_ms < 0:
+            raise ConfigError("trigger must not be negative")
+        try:
+            check_driver_memory(self.driver_memory)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def layout(self) -> KeyLayout:
+        return KeyLayout(self.key_window_ms, self.key_shards, self.buckets,
+                         self.shuffle_partitions)
+
+    def with_(self, **changes: Any) -> RunConfig:
+        return replace(self, **changes)

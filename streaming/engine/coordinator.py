@@ -1,0 +1,114 @@
+"""The coordinator's life cycle: its SparkSession, query and listeners, started and stopped
+together, and its failure said in one line."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from streaming.engine.config import RunConfig
+
+__all__ = ["Coordinator"]
+
+# Spark's exit code for a JVM that ran out of heap (org.apache.spark.util.SparkExitCode.OOM).
+_JVM_OUT_OF_MEMORY = 52
+
+
+class Coordinator:
+    """The coordinator query with its SparkSession and listeners, started and stopped together.
+
+    Used by ``txstream run`` and the demo. :meth:`start_query` starts the query itself; a
+    subclass may start another one in the same life cycle (the benchmark's stand-in core).
+    """
+
+    def __init__(self, config: RunConfig, emit: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.emit = emit
+        self.spark: Any = None
+        self.query: Any = None
+        self.listener: Any = None
+
+    def start(self) -> Coordinator:
+        from streaming.engine.progress import ProgressListener
+        from streaming.engine.session import build_session
+
+        self.spark = build_session(
+            shuffle_partitions=self.config.shuffle_partitions,
+            state_store=self.config.state_store,
+            jit=self.config.jit,
+            driver_memory=self.config.driver_memory,
+        )
+        self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
+        self.spark.streams.addListener(self.listener)
+        self.query = self.start_query(self.spark)
+        return self
+
+    def start_query(self, spark: Any) -> Any:
+        """Start the streaming query on ``spark``; returns the StreamingQuery."""
+        from streaming.engine.query import start_coordinator
+
+        return start_coordinator(spark, self.config)
+
+    def stop(self) -> None:
+        # Every call may find the JVM gone (it died of its heap): there is nothing left to stop.
+        if self.query is not None:
+            try:
+                # Stopping interrupts the running batch on purpose; Spark would log that as an
+                # error with a stack trace. The checkpoint makes the interrupted batch run again.
+                self.spark.sparkContext.setLogLevel("OFF")
+                self.query.stop()
+            except Exception:  # stopping a failed query raises its failure again
+                pass
+        if self.spark is not None and self.listener is not None:
+            try:
+                self.spark.streams.removeListener(self.listener)
+            except Exception:
+                pass
+        self.query = None
+
+    def failure(self) -> str | None:
+        """The query's failure as one line, or None while it is healthy. A driver that ran
+        out of heap says so, with the flag that fixes it: Spark's own last words then blame
+        whatever its shutdown broke."""
+        if self.query is None:
+            return None
+        try:
+            exc = self.query.exception()
+            text = "" if exc is None else str(exc) or "query failed"
+        except Exception as gone:  # py4j: the JVM that ran the query has exited
+            text = f"the Spark JVM is gone ({type(gone).__name__})"
+        if not text:
+            return None
+        code = self._jvm_exit_code()
+        if code == _JVM_OUT_OF_MEMORY or "OutOfMemoryError" in text:
+            return (f"the Spark driver ran out of memory (java.lang.OutOfMemoryError with "
+                    f"--driver-memory {self.config.driver_memory}): restart with more, the "
+                    f"checkpoint keeps everything. Pending half messages live in that heap, "
+                    f"and a burst of big ones born in the same second needs the most "
+                    f"(README: sizing the driver's heap).")
+        for line in text.splitlines():
+            if "Error" in line or "Exception" in line:
+                return line.strip()[:500]
+        line = text.splitlines()[0][:500]
+        return f"{line} (the Spark JVM exited with code {code})" if code is not None else line
+
+    def _jvm_exit_code(self, wait_s: float = 5.0) -> int | None:
+        """The exit code of the JVM this process started for Spark, if it has exited or is
+        exiting (its context stopped: it gets up to ``wait_s`` to finish); None while it runs
+        on, or under spark-submit."""
+        gateway = getattr(self.spark.sparkContext, "_gateway", None) if self.spark else None
+        proc = getattr(gateway, "proc", None)  # pyspark keeps the JVM's Popen there
+        if proc is None:
+            return None
+        try:
+            exiting = bool(self.spark.sparkContext._jsc.sc().isStopped())
+        except Exception:  # py4j: nobody answers, the JVM is gone or going
+            exiting = True
+        if not exiting:
+            return None
+        try:
+            code: int = proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return code

@@ -1,0 +1,129 @@
+"""The ``applyInPandasWithState`` function: a thin adapter around the pure core.
+
+Per call (one state key, one micro-batch): decode the key's state, decode each record
+(:func:`sources.events.parse_event`) and apply it, run the timers that are due (or due within
+``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
+earliest transaction deadline less that lead, and turn the core's effects into records to
+write, plus one timer row with the key's new timeout for the driver's timer schedule
+(:mod:`txstream.timer_schedule`). ``now`` is Spark's batch timestamp, which a replayed batch
+keeps, so a replay emits exactly what the first run emitted (with the same lead), under the
+same record ids (:func:`record_id`): that is what lets the sink skip what a crashed run
+already wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sources.events import Malformed, parse_event
+from state.bucket import Bucket
+from state.effects import Note
+from state.policy import Policy
+from streaming.engine.records import (
+    Emit,
+    coordinator_tag,
+    dead_letter_of_record,
+    history_row,
+    output_frame,
+    output_rows,
+    record_id,
+    records_for,
+    timer_row,
+)
+from txstream.message import MAX_BODY_BYTES
+from txstream.schema import EventRow
+from txstream.spark_worker import settle
+from txstream.topics import Topics
+
+__all__ = ["coordinator_function", "in_replay_order"]
+
+_INPUT = EventRow._fields[1:]  # all but the state key, which the call is for
+
+
+def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
+    """The key's rows in an order that does not depend on how the shuffle delivered them.
+
+    Half messages first (an end event in the same batch then finds its half), then by source
+    partition and offset; one transaction's end events share a partition, so their order holds.
+    A replayed batch thus applies the same events in the same order and emits the same records.
+    """
+    parts = [f for f in frames if len(f)]
+    if not parts:
+        return ()
+    frame = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+    columns = [frame[name].to_numpy() for name in _INPUT]
+    kind, partition, offset = columns[0], columns[1], columns[2]
+    order = np.lexsort((offset, partition, kind))  # EventKind.HALF sorts first
+    return zip(*(column[order].tolist() for column in columns), strict=True)
+
+
+def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
+    """Save the key's state and arm its timeout at its earliest deadline less the timer lead;
+    returns the timeout Spark armed (None: the key is empty and keeps no state)."""
+    deadline = bucket.next_deadline()
+    if deadline is None:
+        # An empty key keeps no state; its next numbering starts at a later batch time.
+        state.remove()
+        return None
+    state.update((bucket.encode(),))
+    duration = max(1, deadline - policy.timer_lead - now)
+    state.setTimeoutDuration(duration)
+    return now + duration  # what Spark arms: the batch's time plus the duration
+
+
+def coordinator_function(
+    policy: Policy, topics: Topics, max_body: int = MAX_BODY_BYTES
+) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
+    """The function for ``groupBy("state_key").applyInPandasWithState``.
+
+    ``max_body``: a bigger half message is dead-lettered (RocketMQ's maxMessageSize). The
+    history row is always emitted: the query's counters are read from it before ``--no-history``
+    filters it out.
+    """
+    tag = coordinator_tag(topics)
+
+    def apply_events(bucket: Bucket, frames: Iterator[pd.DataFrame], now: int,
+                     notes: list[Note]) -> list[Emit]:
+        rows: list[Emit] = []
+        for kind, partition, offset, k, v, h, error in in_replay_order(frames):
+            event = parse_event(kind, k, v, h, partition, offset, max_body) if error is None \
+                else Malformed(error)
+            if isinstance(event, Malformed):
+                rows.append(dead_letter_of_record(kind, k, v, h, partition, offset,
+                                                  event.reason, topics))
+                continue
+            effects = bucket.apply(event, now, policy)
+            rows.extend(records_for(effects, now, topics, (event, partition, offset)))
+            notes.extend(e for e in effects if isinstance(e, Note))
+        return rows
+
+    def coordinate(
+        key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        settle()
+        now = int(state.getCurrentProcessingTimeMs())
+        state_key = int(key[0])
+        bucket = Bucket.decode(state.get[0] if state.exists else None)
+        notes: list[Note] = []
+        rows = apply_events(bucket, frames, now, notes)
+        # Events first: a commit in this batch spares the transaction a check due now.
+        # Timers due within the lead run now, as of their deadlines, and the sink holds their
+        # records until then: the batch's own run time is then mostly behind them.
+        for at, fired in bucket.run_timers(now, policy.timer_lead, policy):
+            rows.extend(records_for(fired, now, topics, not_before=at if at > now else None))
+            notes.extend(e for e in fired if isinstance(e, Note))
+        if notes:
+            rows.append(history_row(notes, state_key, topics))
+        # Numbered before the state is saved: the numbers taken are part of this batch's state.
+        epoch, first = bucket.take_numbers(len(rows), now)
+        ids: list[str | None] = [record_id(tag, state_key, epoch, first + i)
+                                 for i in range(len(rows))]
+        rows.append(timer_row(state_key, _arm(state, bucket, now, policy)))
+        ids.append(None)
+        yield output_frame(output_rows(rows, ids, now))
+
+    return coordinate

@@ -1,0 +1,136 @@
+"""The coordinator: one streaming query from the half/end topics to every output topic.
+
+    txstream-events (half + end topics), each record with its state key      [state.keys]
+      -> groupBy(state_key).applyInPandasWithState(ProcessingTimeTimeout)
+                                                        [streaming.engine.operator]
+      -> observe(per-kind counters)                     [streaming.engine.progress]
+      -> txstream-records (real topics, check topics, discard, dead letter, history)
+
+The query is built from three pieces, each usable alone: :func:`event_stream` (the source),
+:func:`stateful_outputs` (the stateful operator around a per-key function) and
+:func:`record_writer` (the sink). :func:`build_stream` joins them around the coordinator's own
+function.
+
+An idle query runs a micro-batch only when a timer is due: the sink keeps a schedule of the
+keys' timeouts, and the source moves its offset when one has come
+(docs/decisions/0003-timer-schedule.md; Spark's no-data batches are off).
+
+The state update and the sink's writes commit together per micro-batch: a batch whose writes
+are not all acknowledged fails and is replayed from the checkpoint with the state it started
+with, so a back-check counts only once it was delivered and nothing is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sinks.kafka_sink import SinkOptions
+from sources.kafka_io import SourceOptions
+from streaming.engine.checkpoint import pin_layout
+from streaming.engine.config import RunConfig
+from streaming.engine.operator import coordinator_function
+from txstream.options import to_options
+from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
+from txstream.timer_schedule import SCHEDULE_FILE
+
+__all__ = ["event_stream", "stateful_outputs", "record_writer", "build_stream",
+           "start_coordinator", "OBSERVATION"]
+
+OBSERVATION = "txstream"
+
+
+def _observed_metrics() -> list[Any]:
+    """Per-batch counters, delivered to StreamingQueryListeners on the driver."""
+    from pyspark.sql import functions as F
+
+    def count(condition: Any, name: str) -> Any:
+        return F.count(F.when(condition, 1)).alias(name)
+
+    kind = F.col("kind")
+
+    def history(event: str, name: str) -> Any:
+        return F.coalesce(F.sum(F.col(HISTORY_COUNTED[event])), F.lit(0)).alias(name)
+
+    return [
+        count(kind == Kind.VISIBLE, "released"),
+        count(kind == Kind.CHECK, "checks_sent"),
+        count(kind == Kind.DISCARD, "discarded"),
+        count(kind == Kind.DEAD_LETTER, "dead_letters"),
+        history("half", "halves"),
+        history("rolled_back", "rolled_back"),
+        history("rejected", "rejected"),
+        history("duplicate", "duplicates"),
+        history("expired", "expired"),
+        F.max(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_max_ms"),
+        F.sum(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_sum_ms"),
+        F.max(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_max_ms"),
+        F.sum(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_sum_ms"),
+        count((kind == Kind.VISIBLE) & F.col("lag_ms").isNotNull(), "visible_lag_count"),
+    ]
+
+
+def _timer_file(config: RunConfig) -> str:
+    return str(config.checkpoint_dir / SCHEDULE_FILE)
+
+
+def event_stream(spark: Any, config: RunConfig) -> Any:
+    """The half and end topics as a stream of ``EventRow`` (``txstream-events``)."""
+    from sources.kafka_source import register
+
+    register(spark)  # both data sources: the events source and the records sink
+    options = SourceOptions(
+        kafka=config.kafka,
+        half_topic=config.topics.half,
+        end_topic=config.topics.end,
+        topic_partitions=config.topic_partitions,
+        key_layout=config.layout,
+        read_tasks=spark.sparkContext.defaultParallelism,
+        max_offsets_per_trigger=config.max_offsets_per_trigger or None,
+        timer_file=_timer_file(config),
+    )
+    return spark.readStream.format("txstream-events").options(**to_options(options)).load()
+
+
+def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
+    """``function`` run per state key with its state and a processing-time timeout, its
+    ``OutputRow`` rows counted per batch (``observe``)."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    return (
+        events.groupBy("state_key")
+        .applyInPandasWithState(function, OUTPUT_SCHEMA, STATE_SCHEMA, "append",
+                                GroupStateTimeout.ProcessingTimeTimeout)
+        .observe(OBSERVATION, *_observed_metrics())
+    )
+
+
+def record_writer(outputs: Any, config: RunConfig) -> Any:
+    """The ``DataStreamWriter`` of ``outputs`` to Kafka (``txstream-records``), not started."""
+    options = SinkOptions(kafka=config.kafka, timer_file=_timer_file(config))
+    return (
+        outputs.writeStream.format("txstream-records")
+        .options(**to_options(options))
+        .option("checkpointLocation", str(config.checkpoint_dir))
+        .outputMode("append")
+        .queryName(config.query_name)
+        .trigger(processingTime=f"{config.trigger_ms} milliseconds")
+    )
+
+
+def build_stream(spark: Any, config: RunConfig) -> Any:
+    """The coordinator's DataStreamWriter, not yet started."""
+    from pyspark.sql import functions as F
+
+    outputs = stateful_outputs(event_stream(spark, config),
+                               coordinator_function(config.policy, config.topics))
+    if not config.history:
+        # After observe: the query's counters are read from the history rows.
+        outputs = outputs.filter(F.col("kind") != Kind.HISTORY)
+    return record_writer(outputs, config)
+
+
+def start_coordinator(spark: Any, config: RunConfig) -> Any:
+    """Start the coordinator query on ``spark``; returns the StreamingQuery."""
+    pin_layout(config)
+    return build_stream(spark, config).start()

@@ -1,0 +1,147 @@
+"""What the operator writes: the core's effects as ``OutputRow`` rows, and the frame Spark takes.
+
+Every record gets an id, ``tag.key.epoch.number`` (:func:`record_id`), also carried in its
+``TXSTREAM_RECORD_ID`` header. A replayed micro-batch gives every record the same id again,
+which is how the sink recognises what a crashed run already wrote
+(docs/decisions/0005-replay-check.md).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from txstream.message import Message
+from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, OutputRow
+from txstream.topics import Topics
+from txstream.wire import (
+    H,
+    Record,
+    encode_check,
+    encode_dead_letter,
+    encode_discard,
+    encode_end,
+    encode_half,
+    encode_history,
+    encode_visible,
+    pack_headers,
+    unpack_headers,
+)
+
+__all__ = ["Emit", "records_for", "dead_letter_of_record", "history_row", "timer_row",
+           "coordinator_tag", "record_id", "output_rows", "output_frame"]
+
+# Nullable integer columns need pandas' nullable dtypes to reach Arrow as integers.
+_DTYPES = {"bigint": "Int64", "int": "Int32"}
+
+
+class Emit(NamedTuple):
+    """A record the operator asks to write, before it is numbered."""
+
+    kind: str
+    record: Record
+    lag_ms: int | None = None
+    history: Mapping[str, int] | None = None  # a history row: the count of each event
+    not_before_ms: int | None = None  # the sink holds it until then (a timer run ahead)
+
+
+def dead_letter_of_record(kind: int, key: Any, value: Any, headers: Any, partition: int,
+                          offset: int, reason: str, topics: Topics) -> Emit:
+    """A record that is no event, written to the dead-letter topic as it was read."""
+    try:
+        original_headers = tuple(unpack_headers(headers))
+    except Exception:  # the packed headers are the source's own; keep the reason if not
+        original_headers = ()
+    topic = topics.half if kind == EventKind.HALF else topics.end
+    original = Record(topic, key, value, original_headers)
+    return Emit(Kind.DEAD_LETTER, encode_dead_letter(original, reason, partition, offset, topics))
+
+
+def records_for(
+    effects: Iterable[Effect],
+    now: int,
+    topics: Topics,
+    origin: tuple[Any, int, int] | None = None,
+    not_before: int | None = None,
+) -> Iterator[Emit]:
+    """The records the core's effects ask for, history notes aside (:func:`history_row`).
+    ``origin``: (event, partition, offset) read; ``not_before``: the sink holds the records
+    until then (a timer run ahead of its deadline)."""
+    for effect in effects:
+        if isinstance(effect, Release):
+            lag = now - effect.committed_at if effect.committed_at is not None else None
+            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before)
+        elif isinstance(effect, RequestCheck):
+            record = encode_check(effect.message, effect.check_times, topics)
+            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before)
+        elif isinstance(effect, Discard):
+            record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
+            yield Emit(Kind.DISCARD, record, None, None, not_before)
+        elif isinstance(effect, DeadLetter):
+            event = effect.event
+            original = (
+                encode_half(event, topics) if isinstance(event, Message)
+                else encode_end(event, topics)
+            )
+            partition, offset = -1, -1
+            if origin is not None and origin[0] is event:
+                partition, offset = origin[1], origin[2]
+            record = encode_dead_letter(original, effect.reason, partition, offset, topics)
+            yield Emit(Kind.DEAD_LETTER, record, None, None, not_before)
+
+
+def history_row(notes: list[Note], key: int, topics: Topics) -> Emit:
+    """One history record for all of a key's notes in a batch, with the count of each event
+    (the query's observed metrics sum them)."""
+    record = encode_history(((n.transaction_id, n.at, n.event, n.detail) for n in notes),
+                            str(key).encode("ascii"), topics)
+    return Emit(Kind.HISTORY, record, history=dict(Counter(n.event for n in notes)))
+
+
+def timer_row(key: int, timeout_ms: int | None) -> Emit:
+    """The key's processing-time timeout as Spark armed it (None: no timer), for the sink to
+    fold into the timer schedule; it is no record and takes no record number."""
+    return Emit(Kind.TIMER, Record("", str(key).encode("ascii"), None),
+                not_before_ms=timeout_ms)
+
+
+def coordinator_tag(topics: Topics) -> str:
+    """Names this coordinator in record ids: two coordinators (topic prefixes) releasing to one
+    topic never take each other's records for their own."""
+    return f"{zlib.crc32(topics.half.encode('utf-8')):08x}"
+
+
+def record_id(tag: str, key: int, epoch: int, number: int) -> str:
+    """``tag.key.epoch.number``: unique per coordinator, equal in a replayed batch."""
+    return f"{tag}.{key}.{epoch}.{number}"
+
+
+def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
+                ) -> list[OutputRow]:
+    """The emitted records as output rows, each with its id (None: a timer row)."""
+    rows = []
+    for emit, rid in zip(emits, ids, strict=True):
+        record, counts = emit.record, emit.history or {}
+        headers = (pack_headers((*record.headers, (H.RECORD_ID, rid.encode("ascii"))))
+                   if rid else None)
+        rows.append(OutputRow(
+            emit.kind, record.topic, record.key, record.value, headers, emit.lag_ms,
+            *(counts.get(event) for event in HISTORY_COUNTED),
+            rid, batch_ms, emit.not_before_ms,
+        ))
+    return rows
+
+
+def output_frame(rows: Sequence[OutputRow]) -> pd.DataFrame:
+    """``rows`` as the pandas frame ``applyInPandasWithState`` hands to Spark."""
+    columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
+    return pd.DataFrame(
+        {name: pd.array(values, dtype=_DTYPES[kind]) if kind in _DTYPES else list(values)
+         for (name, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)},
+        columns=list(OutputRow._fields),
+    )

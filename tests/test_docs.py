@@ -1,0 +1,41 @@
+"""The documents that are drawn from the code, and the links between documents."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from state.diagram import BEGIN, END, embed, state_diagram
+
+REPO = Path(__file__).resolve().parent.parent
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+PAGES = [REPO / "README.md", REPO / "PERFORMANCE.md", *sorted((REPO / "docs").rglob("*.md"))]
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_architecture_page_shows_the_transition_table() -> None:
+    page = ARCHITECTURE.read_text()
+    drawn = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert state_diagram() in drawn
+    assert embed(page) == page  # `python -m state.diagram docs/architecture.md` changes nothing
+
+
+def test_the_diagram_has_an_edge_for_every_move_of_the_table() -> None:
+    from state.lifecycle import TRANSITIONS
+
+    lines = state_diagram().splitlines()[1:]
+    for (before, trigger), (after, action) in TRANSITIONS.items():
+        source = "[*]" if before is None else before.value
+        target = "[*]" if after is None else after.value
+        assert any(line.strip().startswith(f"{source} --> {target}:") and trigger.value in line
+                   and line.endswith(f"/ {action.value}") for line in lines), (before, trigger)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(page: Path) -> None:
+    for target in _LINK.findall(page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (page.parent / target).exists(), f"{page.name}: broken link {target}"

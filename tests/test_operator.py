@@ -1,0 +1,157 @@
+"""The ``applyInPandasWithState`` adapter, driven by hand: no query, no JVM.
+
+pyspark's ``GroupState`` is a plain Python object, so each call is made as Spark would make it
+(the key, the key's rows as pandas frames, its state with the batch's processing time) and what
+comes back is checked: the rows emitted, the state saved, the timeout armed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import BinaryType, Row, StructField, StructType
+
+from sources.event_rows import record_row, unreadable_row
+from state.bucket import Bucket
+from state.keys import KeyLayout, state_key
+from state.lifecycle import Status
+from state.policy import Policy
+from streaming.engine.operator import coordinator_function
+from streaming.engine.records import coordinator_tag
+from txstream.message import Decision, EndEvent, Message
+from txstream.schema import EventRow, Kind, OutputRow
+from txstream.topics import Topics
+from txstream.wire import H, Record, encode_end, encode_half, unpack_headers
+
+T0 = 1_700_000_000_000
+POLICY = Policy(transaction_timeout=6_000, check_interval=60_000, check_max=2,
+                resolved_retention=120_000, timer_lead=500)
+TOPICS = Topics.with_prefix("op_")
+TXID = "0190A1B2C3D47E5F8A9B0C1D2E3F4A5B"  # a UUIDv7: its key is a time window's shard
+KEY = state_key(TXID, KeyLayout())
+_STATE = StructType([StructField("blob", BinaryType())])
+
+
+def group_state(now: int, blob: bytes | None = None, timed_out: bool = False) -> GroupState:
+    """The state Spark hands the function for one key in a batch at ``now``."""
+    return GroupState(
+        optionalValue=Row(blob) if blob is not None else Row(),
+        batchProcessingTimeMs=now, eventTimeWatermarkMs=-1,
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout, hasTimedOut=timed_out,
+        watermarkPresent=False, defined=blob is not None, updated=False, removed=False,
+        timeoutTimestamp=GroupState.NO_TIMESTAMP, keyAsUnsafe=b"", valueSchema=_STATE,
+    )
+
+
+def half_row(born: int = T0, offset: int = 0) -> EventRow:
+    msg = Message("orders", b"payload", tags="TagA", keys="K1", transaction_id=TXID,
+                  msg_id=TXID, producer_group="G", born_timestamp=born)
+    return _row(encode_half(msg, TOPICS), True, offset)
+
+
+def end_row(decision: Decision, offset: int = 0, **fields: Any) -> EventRow:
+    return _row(encode_end(EndEvent(TXID, "G", decision, **fields), TOPICS), False, offset)
+
+
+def _row(record: Record, is_half: bool, offset: int) -> EventRow:
+    return record_row(is_half, record.key, record.value, list(record.headers), 0, offset,
+                      KeyLayout())
+
+
+def call(state: GroupState, rows: Sequence[EventRow] = ()) -> list[OutputRow]:
+    """One call of the coordinator's function, its output frames as rows (nulls as None)."""
+    frames = [pd.DataFrame(list(rows), columns=list(EventRow._fields))] if rows else []
+    function = coordinator_function(POLICY, TOPICS)
+    out = pd.concat(list(function((KEY,), iter(frames), state)), ignore_index=True)
+    out = out.astype(object).where(out.notna(), None)
+    return [OutputRow._make(r) for r in out.itertuples(index=False, name=None)]
+
+
+def kinds(rows: Sequence[OutputRow]) -> list[str]:
+    return [r.kind for r in rows]
+
+
+def saved(state: GroupState) -> Bucket:
+    assert state.exists
+    return Bucket.decode(state.get[0])
+
+
+def test_a_half_message_is_stored_and_its_first_check_armed() -> None:
+    state = group_state(T0)
+    rows = call(state, [half_row()])
+    assert kinds(rows) == [Kind.HISTORY, Kind.TIMER]
+    history, timer = rows
+    assert history.history_half == 1 and history.topic == TOPICS.history
+    # The first check is due at born + transaction timeout; the timeout fires the lead earlier.
+    assert state.getCurrentProcessingTimeMs() == T0
+    assert state._timeout_timestamp == T0 + 6_000 - 500
+    assert timer.not_before_ms == T0 + 6_000 - 500 and timer.record_id is None
+    tx = saved(state).get(TXID)
+    assert tx is not None and tx.status is Status.PENDING and tx.half is not None
+    assert tx.half.body == b"payload" and tx.next_check == T0 + 6_000
+
+
+def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
+    state = group_state(T0)
+    call(state, [half_row()])
+    blob = state.get[0]
+    due = T0 + 6_000
+    fired = group_state(due - 300, blob, timed_out=True)  # inside the lead
+    rows = call(fired)
+    assert kinds(rows) == [Kind.CHECK, Kind.HISTORY, Kind.TIMER]
+    check = rows[0]
+    assert check.topic == TOPICS.check("G") and check.key == TXID.encode()
+    # Made ahead of its deadline, so the sink must hold it until then.
+    assert check.not_before_ms == due and check.lag_ms == 0
+    headers = dict(unpack_headers(check.headers))
+    assert headers[H.CHECK_TIMES] == b"1"
+    assert headers[H.RECORD_ID].decode() == check.record_id
+    # Re-armed for the next check, an interval after this one.
+    assert fired._timeout_timestamp == due + 60_000 - 500
+    assert saved(fired).get(TXID).checks_sent == 1  # type: ignore[union-attr]
+
+
+def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
+    state = group_state(T0)
+    call(state, [half_row()])
+    later = group_state(T0 + 1_000, state.get[0])
+    rows = call(later, [end_row(Decision.COMMIT_MESSAGE, born_timestamp=T0 + 900)])
+    assert kinds(rows) == [Kind.VISIBLE, Kind.HISTORY, Kind.TIMER]
+    visible = rows[0]
+    assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", b"payload")
+    assert visible.lag_ms == 100 and visible.not_before_ms is None
+    tx = saved(later).get(TXID)
+    assert tx is not None and tx.status is Status.COMMITTED and tx.half is None
+    assert later._timeout_timestamp == T0 + 1_000 + 120_000 - 500
+    # Once forgotten, the key is empty: its state is removed and its timer cleared.
+    gone = group_state(T0 + 121_000, later.get[0], timed_out=True)
+    rows = call(gone)
+    assert kinds(rows) == [Kind.TIMER] and rows[0].not_before_ms is None
+    assert not gone.exists
+
+
+def test_record_ids_number_on_from_the_saved_state_and_repeat_in_a_replay() -> None:
+    first = group_state(T0)
+    call(first, [half_row()])
+    blob = first.get[0]
+    replay_a, replay_b = group_state(T0 + 50, blob), group_state(T0 + 50, blob)
+    rows = [end_row(Decision.ROLLBACK_MESSAGE, offset=1), end_row(Decision.COMMIT_MESSAGE, 2)]
+    a, b = call(replay_a, rows), call(replay_b, rows)
+    assert a == b  # a replayed batch: same state, same input, same time -> the same records
+    tag = coordinator_tag(TOPICS)
+    ids = [r.record_id for r in a if r.record_id]
+    assert ids == [f"{tag}.{KEY}.{T0}.1", f"{tag}.{KEY}.{T0}.2"]  # 0 went to the first batch
+    assert kinds(a) == [Kind.DEAD_LETTER, Kind.HISTORY, Kind.TIMER]  # commit after rollback
+
+
+def test_an_unreadable_or_malformed_record_is_dead_lettered_and_changes_nothing() -> None:
+    state = group_state(T0)
+    broken = end_row(Decision.COMMIT_MESSAGE)._replace(headers=b"\x00\x09cut")
+    rows = call(state, [unreadable_row(True, 0, 7, "bad CRC"), broken])
+    assert kinds(rows) == [Kind.DEAD_LETTER, Kind.DEAD_LETTER, Kind.TIMER]
+    reasons = [dict(unpack_headers(r.headers))[H.DLQ_REASON] for r in rows[:2]]
+    assert reasons[0] == b"bad CRC" and b"packed headers" in reasons[1]
+    assert not state.exists and rows[-1].not_before_ms is None

@@ -1,0 +1,102 @@
+"""Kafka record headers as txstream reads and carries them: decoded to text, and packed.
+
+A record's headers travel through the coordinator's query packed into one binary column
+(:func:`pack_headers`): a list of (name, value) structs costs Spark's pandas-to-Arrow
+conversion a Python call per header of every record; one binary column costs it nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+from txstream.errors import MalformedRecord
+
+__all__ = ["Headers", "header_dict", "headers_tuple", "pack_headers", "unpack_headers",
+           "packed_header_dict"]
+
+Headers = tuple[tuple[str, bytes], ...]
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def header_dict(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """Decode headers to text; raise :class:`MalformedRecord` on anything undecodable."""
+    out: dict[str, str] = {}
+    for item in headers or ():
+        try:
+            name, raw = item
+        except (TypeError, ValueError):
+            raise MalformedRecord("header is not a (name, value) pair") from None
+        if not isinstance(name, str):
+            raise MalformedRecord("header name is not text")
+        if raw is None:
+            raw = b""
+        # bytes(n) of an int would be n zero bytes (or a terabyte): only real bytes are text.
+        if not isinstance(raw, _BYTES):
+            raise MalformedRecord(f"header {name!r} value is not bytes")
+        try:
+            out[name] = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
+    return out
+
+
+def headers_tuple(pairs: Sequence[tuple[str, bytes | None]] | None) -> Headers:
+    return tuple((k, v if v is not None else b"") for k, v in (pairs or ()))
+
+
+# (name length, value length) before each header's name and value in pack_headers.
+_PACKED = struct.Struct(">HI")
+
+
+def pack_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
+    """Headers as one byte string, the way the source and the operator's output rows carry them.
+
+    A list of (name, value) structs costs Spark's pandas-to-Arrow conversion a Python call per
+    header of every record; one binary column costs it nothing. ``None`` values become empty,
+    as Kafka clients write them anyway.
+    """
+    parts: list[bytes] = []
+    for name, value in headers:
+        raw = name.encode("utf-8")
+        value = value or b""
+        parts += (_PACKED.pack(len(raw), len(value)), raw, value)
+    return b"".join(parts)
+
+
+def _packed(blob: object) -> bytes:
+    if not isinstance(blob, _BYTES):
+        raise MalformedRecord(f"packed headers are {type(blob).__name__}, not bytes")
+    return bytes(blob)
+
+
+def _walk_packed(blob: bytes) -> Iterable[tuple[str, bytes]]:
+    unpack_from, size = _PACKED.unpack_from, _PACKED.size
+    at, end = 0, len(blob)
+    while at < end:
+        if end - at < size:
+            raise MalformedRecord("packed headers end inside a header's lengths")
+        name_len, value_len = unpack_from(blob, at)
+        at += size
+        name_end = at + name_len
+        value_end = name_end + value_len
+        if value_end > end:
+            raise MalformedRecord("packed headers end inside a header")
+        try:
+            name = blob[at:name_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord("a packed header's name is not UTF-8") from None
+        yield name, blob[name_end:value_end]
+        at = value_end
+
+
+def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
+    """The headers :func:`pack_headers` packed; raises MalformedRecord on anything else."""
+    if blob is None:
+        return []
+    return list(_walk_packed(_packed(blob)))
+
+
+def packed_header_dict(blob: bytes | None) -> dict[str, str]:
+    """:func:`header_dict` of packed headers."""
+    return {} if blob is None else header_dict(_walk_packed(_packed(blob)))

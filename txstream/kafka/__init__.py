@@ -1,0 +1,47 @@
+"""The Kafka module: settings, clients (made, cached, closed) and reading partitions to their end.
+
+Every Kafka client txstream makes, in the client library, the Spark source and sink, the CLI
+and the benchmark, comes from here, so settings reach all of them the same way.
+"""
+
+from txstream.kafka.clients import (
+    PATIENT_AFTER_S,
+    PATIENT_FETCH_WAIT_MS,
+    TopicTrackingProducer,
+    cached_client,
+    close_quietly,
+    drop_cached_client,
+    make_admin,
+    make_consumer,
+    make_producer,
+    wait_for_broker,
+)
+from txstream.kafka.reading import (
+    TopicReader,
+    Unreadable,
+    fetch_ends,
+    partition_ends,
+    read_range,
+    read_topic,
+)
+from txstream.kafka.settings import KafkaSettings
+
+__all__ = [
+    "KafkaSettings",
+    "make_producer",
+    "make_consumer",
+    "make_admin",
+    "wait_for_broker",
+    "TopicTrackingProducer",
+    "cached_client",
+    "drop_cached_client",
+    "close_quietly",
+    "PATIENT_AFTER_S",
+    "PATIENT_FETCH_WAIT_MS",
+    "TopicReader",
+    "Unreadable",
+    "fetch_ends",
+    "partition_ends",
+    "read_range",
+    "read_topic",
+]

@@ -1,0 +1,195 @@
+"""Kafka client construction, shared by every part of txstream.
+
+Every producer, consumer and admin client is built here, so TLS/SASL options reach all of
+them (the client library, the Spark source and sinks, the admin tools) the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+from kafka import KafkaProducer
+
+from txstream.errors import BrokerUnavailable
+from txstream.kafka.settings import KafkaSettings
+
+__all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker",
+           "TopicTrackingProducer", "cached_client", "drop_cached_client", "close_quietly",
+           "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# Readers of known ranges let the broker hold a fetch only ~5 ms (fast tails). A broker on slow
+# storage (tansu on S3) answers such fetches empty while it is still reading, again and again:
+# after this long without progress a reader is rebuilt with a patient fetch wait.
+PATIENT_AFTER_S = 1.0
+PATIENT_FETCH_WAIT_MS = 500
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    # Only connection failures mean "broker unavailable"; a bad client option must surface as
+    # what it is, not as an unreachable broker.
+    from kafka.errors import MetadataEmptyBrokerList, RetriableError
+
+    return (RetriableError, MetadataEmptyBrokerList, OSError)
+
+
+_UNREACHABLE = _unreachable_errors()
+
+
+class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]
+    """kafka-python's producer, asking the broker about every topic it sends to.
+
+    kafka-python's metadata requests name only the topics it tracks, and it starts tracking a
+    topic only when it knows none of the topic's partitions. tansu answers the first metadata
+    request of a fresh client, which names no topic, with every topic: such a producer knows
+    the existing topics' partitions without tracking them. The first refresh for a tracked
+    topic (a new topic's first record) then forgets them, and records for an untracked topic
+    still in the accumulator wait for a leader that is never asked for, until the delivery
+    timeout. Java's producer adds every topic it sends to; this one does the same. It reaches
+    into two private attributes of the pinned kafka-python; tests/test_kafka_sink.py fails if
+    they change.
+    """
+
+    def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic not in self._metadata._topics:
+            self._sender.add_topic(topic)
+        return super().send(topic, *args, **kwargs)
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
+    """An idempotent, acks=all producer: a send counts only once the broker stored it."""
+    kw = settings.client_kwargs()
+    kw.update(
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        max_request_size=8 * 1024 * 1024,
+        retries=5,
+    )
+    kw.update(overrides)
+    try:
+        return TopicTrackingProducer(**kw)
+    except _UNREACHABLE as exc:
+        raise BrokerUnavailable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
+        ) from None
+
+
+def make_consumer(settings: KafkaSettings, **overrides: Any) -> Any:
+    """A consumer. Without ``group_id`` it is meant for ``assign()`` with our own offsets."""
+    from kafka import KafkaConsumer
+
+    kw = settings.client_kwargs()
+    kw.update(
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=16 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    if overrides.get("group_id"):
+        # tansu (and small clusters) join a group in half the session timeout: keep it short.
+        kw.update(session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    kw.update(overrides)
+    try:
+        return KafkaConsumer(**kw)
+    except _UNREACHABLE as exc:
+        raise BrokerUnavailable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
+        ) from None
+
+
+def make_admin(settings: KafkaSettings, **overrides: Any) -> Any:
+    from kafka import KafkaAdminClient
+
+    kw = settings.client_kwargs()
+    kw.update(overrides)
+    try:
+        return KafkaAdminClient(**kw)
+    except _UNREACHABLE as exc:
+        raise BrokerUnavailable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
+        ) from None
+
+
+def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
+    """Block until the broker answers a metadata request, with backoff; else raise.
+
+    The error is one line (no stack trace wall): what was tried, for how long.
+    """
+    from kafka import KafkaConsumer
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    last = "no answer"
+    while True:
+        try:
+            consumer = KafkaConsumer(
+                **settings.client_kwargs(), bootstrap_timeout_ms=2000
+            )
+            try:
+                consumer.topics()
+                return
+            finally:
+                consumer.close()
+        except Exception as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() + delay > deadline:
+            raise BrokerUnavailable(
+                f"Kafka broker at {settings.bootstrap_servers} unreachable after "
+                f"{timeout_s:.0f}s ({last})"
+            )
+        log.info("broker %s not reachable yet (%s); retrying in %.1fs",
+                 settings.bootstrap_servers, last, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def close_quietly(client: Any) -> None:
+    """Close a client that may be broken; never raises.
+
+    A producer is closed without waiting: kafka-python's ``close()`` flushes first and, when
+    records are still pending, gives up and leaves its I/O thread retrying until
+    ``delivery_timeout_ms`` (2 min). Whoever closes a broken producer sends its records again.
+    """
+    try:
+        if isinstance(client, KafkaProducer):
+            client.close(timeout=0)
+        else:
+            client.close()
+    except Exception:
+        sender = getattr(client, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
+# Clients kept for the life of a process, one per key: Spark reuses its Python workers
+# (spark.python.worker.reuse), and connecting (for an idempotent producer, also getting a
+# producer id) costs more than a micro-batch's reads or writes.
+_CACHED: dict[Hashable, Any] = {}
+_CACHED_LOCK = threading.Lock()
+
+
+def cached_client(key: Hashable, make: Callable[[], T]) -> T:
+    """This process's client for ``key``, made by ``make`` the first time."""
+    with _CACHED_LOCK:
+        client = _CACHED.get(key)
+        if client is None:
+            client = _CACHED[key] = make()
+        return client  # type: ignore[no-any-return]
+
+
+def drop_cached_client(key: Hashable) -> None:
+    """Forget (and close) the client for ``key`` after an error: the next use makes a new one,
+    as a client may be left in a state it does not recover from (a fatal idempotent producer,
+    a consumer spinning on a parsed fetch)."""
+    with _CACHED_LOCK:
+        client = _CACHED.pop(key, None)
+    if client is not None:
+        close_quietly(client)

@@ -1,0 +1,219 @@
+"""Reading Kafka partitions to their end: the one mechanism every reader of txstream uses.
+
+A partition's end is the fetch high watermark (``consumer.highwater`` after a fetch), never
+``end_offsets()``: tansu answers ``ListOffsets`` wrongly. ``assign()``, never a group, so no
+reader waits for a group join.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from txstream.errors import ReadFailed
+from txstream.kafka.clients import PATIENT_AFTER_S, PATIENT_FETCH_WAIT_MS, make_consumer
+from txstream.kafka.settings import KafkaSettings
+
+__all__ = ["Unreadable", "fetch_ends", "partition_ends", "read_range", "read_topic",
+           "TopicReader", "MAX_RECORDS_PER_POLL"]
+
+MAX_RECORDS_PER_POLL = 8192
+Position = tuple[str, int]  # (topic, partition)
+
+
+class Unreadable(NamedTuple):
+    """A record kafka-python cannot parse (a header name that is not UTF-8, a bad CRC)."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: str
+
+
+def _assign(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]) -> None:
+    # Re-assigning clears each partition's remembered high watermark (and any parsed fetch),
+    # so what is read afterwards comes from a new fetch.
+    consumer.assign([])
+    consumer.assign(list(tps))
+    for tp in tps:
+        consumer.seek(tp, starts.get((tp.topic, tp.partition), 0))
+
+
+def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int],
+               timeout_s: float) -> dict[Position, int]:
+    """Every partition's end offset, from one fetch per partition at ``starts`` (default 0).
+
+    Fetching at the last known end makes the broker send (nearly) no records back; a consumer
+    made with ``max_partition_fetch_bytes=1`` keeps even that small.
+    """
+    from kafka.errors import CorruptRecordError
+
+    ends: dict[Position, int] = {}
+    pending = list(tps)
+    _assign(consumer, pending, starts)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        if time.monotonic() > deadline:
+            missing = sorted(f"{tp.topic}/{tp.partition}" for tp in pending)
+            raise ReadFailed(f"no high watermark from the broker for {', '.join(missing)} "
+                             f"within {timeout_s:g} s")
+        try:
+            consumer.poll(timeout_ms=1, max_records=1)
+            corrupt = False
+        except CorruptRecordError:
+            # A record we do not even want; its fetch still set the high watermark. But
+            # kafka-python would spin forever on that parsed fetch: start the rest afresh.
+            corrupt = True
+        for tp in pending:
+            hw = consumer.highwater(tp)
+            if hw is not None:
+                ends[(tp.topic, tp.partition)] = hw
+        pending = [tp for tp in pending if (tp.topic, tp.partition) not in ends]
+        if corrupt and pending:
+            _assign(consumer, pending, starts)
+    return ends
+
+
+def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0
+                   ) -> dict[int, int]:
+    """{partition: end offset} of ``topic`` ({} if it does not exist)."""
+    from kafka import TopicPartition
+
+    consumer = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic)
+                                                          or ())]
+        ends = fetch_ends(consumer, tps, {}, timeout_s)
+        return {partition: end for (_, partition), end in ends.items()}
+    finally:
+        consumer.close()
+
+
+ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with
+
+
+def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int, end: int,
+               stall_s: float) -> Iterator[Any]:
+    """The records of ``[start, end)`` of one partition in order (ConsumerRecord, or
+    :class:`Unreadable` for one kafka-python cannot parse).
+
+    ``consumer_for(patient)`` gives the consumer to read with; once the broker has made no
+    progress for ``PATIENT_AFTER_S`` it is asked for a patient one (a broker on slow storage
+    answers impatient fetches empty, again and again). Raises :class:`ReadFailed` after
+    ``stall_s`` without progress.
+    """
+    from kafka import TopicPartition
+    from kafka.errors import CorruptRecordError
+
+    tp = TopicPartition(topic, partition)
+    consumer = consumer_for(False)
+    patient = consumer.config["fetch_max_wait_ms"] >= PATIENT_FETCH_WAIT_MS
+    consumer.assign([tp])
+    consumer.seek(tp, start)
+    progress_at = time.monotonic()
+    position = start
+    while position < end:
+        try:
+            # Short polls: a poll that finds nothing fetchable yet (just after seek) sleeps for
+            # its whole timeout. max_records: kafka-python parses every record it returns, and
+            # a fetch brings back far more than a range that ends mid-log needs.
+            batch = consumer.poll(timeout_ms=10,
+                                  max_records=min(MAX_RECORDS_PER_POLL, end - position))
+        except CorruptRecordError as exc:
+            # kafka-python stops at the bad record with the position on it, forever: skip it,
+            # or one bad record stops every reader. It cannot parse the rest of that record
+            # batch either, so those offsets come out unreadable too (with their offsets).
+            # Seeking past it makes kafka-python drop the failed fetch (3.0.12 loops over it).
+            bad = consumer.position(tp)
+            yield Unreadable(topic, partition, bad,
+                             f"unreadable record ({type(exc).__name__}: {exc})")
+            consumer.seek(tp, bad + 1)
+            position, progress_at = bad + 1, time.monotonic()
+            continue
+        for rec in batch.get(tp, ()):
+            # Records outside the range (an offset reset after lost data) are another range's,
+            # or nobody's: yielding them would duplicate or invent records.
+            if start <= rec.offset < end:
+                yield rec
+        now_at = consumer.position(tp)
+        if now_at != position:
+            position, progress_at = now_at, time.monotonic()
+        elif not patient and time.monotonic() - progress_at > PATIENT_AFTER_S:
+            consumer, patient = consumer_for(True), True
+            consumer.assign([tp])
+            consumer.seek(tp, position)
+        elif time.monotonic() - progress_at > stall_s:
+            raise ReadFailed(
+                f"{topic}/{partition}: stuck at offset {position} while reading [{start}, "
+                f"{end}) for {stall_s:.0f} s; the broker is down or lost these records")
+
+
+class TopicReader:
+    """Reads topics from the beginning (or given offsets) to their current end, then on.
+
+    :meth:`read_new` returns what was added since the last call; partitions that appear later
+    (a topic created since) are read from their beginning.
+    """
+
+    def __init__(self, settings: KafkaSettings, topics: Iterable[str],
+                 starts: Mapping[Position, int] | None = None, **consumer_options: Any) -> None:
+        self._consumer = make_consumer(settings, **consumer_options)
+        self._topics = list(topics)
+        self._starts = dict(starts or {})
+        self._tps: list[Any] = []
+
+    def _discover(self) -> None:
+        from kafka import TopicPartition
+
+        new = [
+            TopicPartition(topic, p)
+            for topic in self._topics
+            for p in sorted(self._consumer.partitions_for_topic(topic) or ())
+            if TopicPartition(topic, p) not in self._tps
+        ]
+        if not new:
+            return
+        positions = {tp: self._consumer.position(tp) for tp in self._tps}
+        self._tps.extend(new)
+        self._consumer.assign(self._tps)
+        for tp, offset in positions.items():
+            self._consumer.seek(tp, offset)
+        for tp in new:
+            self._consumer.seek(tp, self._starts.get((tp.topic, tp.partition), 0))
+
+    def read_new(self, timeout_s: float = 10.0) -> list[Any]:
+        """Records added since the last call (all on the first), up to each partition's end,
+        or what arrived within ``timeout_s``."""
+        self._discover()
+        out: list[Any] = []
+        done: set[Any] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(self._tps) and time.monotonic() < deadline:
+            for recs in self._consumer.poll(timeout_ms=200).values():
+                out.extend(recs)
+            for tp in self._tps:
+                hw = self._consumer.highwater(tp)
+                if hw is not None and self._consumer.position(tp) >= hw:
+                    done.add(tp)
+        return out
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_topic(settings: KafkaSettings, topic: str, timeout_s: float = 10.0,
+               starts: Mapping[int, int] | None = None) -> list[Any]:
+    """Every record of ``topic`` (all partitions) up to its current end, by partition and
+    offset; ``starts``: {partition: first offset} (default 0)."""
+    positions = {(topic, p): o for p, o in (starts or {}).items()}
+    with TopicReader(settings, [topic], positions, fetch_max_wait_ms=5,
+                     max_poll_records=10_000) as reader:
+        records = reader.read_new(timeout_s)
+    return sorted(records, key=lambda r: (r.partition, r.offset))
