@@ -33,7 +33,12 @@ from bench.workload import Workload
 from streaming.engine.config import RunConfig
 from streaming.engine.coordinator import Coordinator
 from streaming.engine.operator import in_replay_order
-from streaming.engine.query import event_stream, record_writer, stateful_outputs
+from streaming.engine.query import (
+    event_stream,
+    prepare_checkpoint,
+    record_writer,
+    stateful_outputs,
+)
 from streaming.engine.records import coordinator_tag, output_frame, record_id
 from txstream.schema import EventKind, Kind, OutputRow
 from txstream.topics import Topics
@@ -83,8 +88,9 @@ class ForwardingCoordinator(Coordinator):
     def start_query(self, spark: Any) -> Any:
         w = self.workload
         function = forwarding_function(w.real_topic, w.topics, w.body_bytes)
-        outputs = stateful_outputs(event_stream(spark, self.config), function)
-        return record_writer(outputs, self.config).start()
+        timers = prepare_checkpoint(spark, self.config)
+        outputs = stateful_outputs(event_stream(spark, self.config, timers), function)
+        return record_writer(outputs, self.config, timers).start()
 
 
 def measure_ceiling(config: RunConfig, workload: Workload, n: int, rate: float | None,

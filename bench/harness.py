@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 from bench.batches import Batch, BatchLog
 from bench.procmem import spark_jvm_pid, tree_cpu_s, tree_rss_mb
 from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
+from streaming.engine.coordinator import Coordinator, session_for
 from txstream.errors import TxStreamError
 
-__all__ = ["Harness", "BenchFailed", "session_for"]
+__all__ = ["Harness", "BenchFailed", "logged_session"]
 
 T = TypeVar("T")
 
@@ -23,20 +23,12 @@ class BenchFailed(TxStreamError):
     """A phase could not finish (the coordinator failed, or a wait timed out)."""
 
 
-def session_for(config: RunConfig) -> tuple[Any, BatchLog]:
+def logged_session(config: RunConfig) -> tuple[Any, BatchLog]:
     """The session (started once per process) with a batch log listening to every query.
 
     ``config.driver_memory`` only takes effect when this call starts the JVM.
     """
-    from streaming.engine.session import build_session
-
-    spark = build_session(
-        shuffle_partitions=config.shuffle_partitions,
-        state_store=config.state_store,
-        jit=config.jit,
-        app_name="txstream-bench",
-        driver_memory=config.driver_memory,
-    )
+    spark = session_for(config, app_name="txstream-bench")
     # A session outlives one query: the store provider and partitions are read when a query
     # starts with a new checkpoint, so set them for this one.
     spark.conf.set("spark.sql.shuffle.partitions", str(config.shuffle_partitions))
@@ -68,7 +60,7 @@ class Harness:
         self.started_at = 0.0
 
     def start(self) -> Harness:
-        _, self.log = session_for(self.config)
+        _, self.log = logged_session(self.config)
         self.coordinator = self.make(self.config).start()
         self.started_at = time.monotonic()
         return self

@@ -223,21 +223,21 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
                 self.delivered.update(message.counts)
         commits = [m for m in messages if isinstance(m, SinkCommit)]
         if self.options.timer_file:
-            self._fold_timers(commits)
+            self._fold_timers(commits, batchId)
         skipped = sum(m.already_written for m in commits)
         if skipped:
             log.warning("batch %d was a replay: %d records its first run had written were not "
                         "written again", batchId, skipped)
         log.debug("batch %d delivered %s", batchId, dict(self.delivered))
 
-    def _fold_timers(self, commits: list[SinkCommit]) -> None:
+    def _fold_timers(self, commits: list[SinkCommit], batch: int) -> None:
         """Each state key lives in one task, so the tasks' timers never overlap."""
         assert self.options.timer_file
         changes: dict[int, int | None] = {}
         for commit in commits:
             changes.update(commit.timers)
         times = [c.batch_ms for c in commits if c.batch_ms is not None]
-        fold_into(Path(self.options.timer_file), changes, max(times) if times else None)
+        fold_into(Path(self.options.timer_file), changes, max(times) if times else None, batch)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Spark calls this for a batch that did not complete: a task failed, or the query was

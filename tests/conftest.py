@@ -8,6 +8,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def kafka(broker: EmbeddedBroker) -> KafkaSettings:
 def spark():
     from streaming.engine.session import build_session
 
-    session = build_session(app_name="txstream-tests")
+    session = build_session(app_name="txstream-tests", conf={"spark.ui.enabled": "false"})
     yield session
     for query in session.streams.active:
         query.stop()
@@ -72,3 +73,13 @@ def _stop_queries(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone master and worker (pyspark's own distribution) on loopback."""
+    from cluster_helpers import StandaloneCluster
+
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
+    yield standalone
+    standalone.stop()

@@ -73,21 +73,31 @@ def in_flight_batch(checkpoint: Path) -> int | None:
     return max(pending) if pending else None
 
 
-class CoordinatorProcess:
-    """One ``python -m streaming.cli run`` process tree, its output in ``log_path``."""
+LOCAL_RUN = (sys.executable, "-m", "streaming.cli", "run", "--conf", "spark.ui.enabled=false")
 
-    def __init__(self, args: Sequence[str], log_path: Path) -> None:
-        self.args = list(args)
+
+class CoordinatorProcess:
+    """One coordinator process tree (``python -m streaming.cli run``, or ``command``: a
+    spark-submit of it), its output in ``log_path``; ``cwd`` and ``env`` (added to ours) as a
+    user on another host would have them."""
+
+    def __init__(self, args: Sequence[str], log_path: Path, command: Sequence[str] = LOCAL_RUN,
+                 cwd: Path = REPO, env: dict[str, str] | None = None) -> None:
+        self.args = [*command, *args]
         self.log_path = log_path
+        self.cwd = cwd
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
 
     def start(self) -> CoordinatorProcess:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-               "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+               "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+               **self.env}
+        self.started_at = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streaming.cli", "run", *self.args],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                self.args, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: killpg reaches the JVM too
             )
         return self

@@ -21,7 +21,7 @@ from state.policy import Policy
 from streaming.cli import main
 from streaming.engine.config import RunConfig
 from streaming.engine.query import start_coordinator
-from streaming.engine.session import ROCKSDB_SETTINGS
+from streaming.engine.spark_settings import ROCKSDB_SETTINGS
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.topics import Topics

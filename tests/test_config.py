@@ -9,7 +9,7 @@ import pytest
 from state.policy import Policy
 from streaming.cli.options import add_run_arguments, config_from_args
 from streaming.engine.config import RunConfig
-from streaming.engine.session import DEFAULT_DRIVER_MEMORY
+from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 from txstream.errors import ConfigError
 
 

@@ -13,14 +13,11 @@ process (``python -m streaming.cli run``) and is killed three times at different
 Each time it restarts from the same checkpoint. In the end every committed message is on its
 real topic, no rolled-back one is, every unknown one was checked and resolved, a consumer sees
 each message exactly once, and the topic itself holds each exactly once (the sink's replay
-check, ``sinks/replay.py``). The figures are printed (``pytest -m crash -s``); with
-``TXSTREAM_NO_REPLAY_CHECK=true`` the coordinators run without the replay check, which
-measures the raw duplicates it saves (the consumer's dedup still hides them).
+check, ``sinks/replay.py``). The figures are printed (``pytest -m crash -s``).
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import threading
@@ -49,8 +46,6 @@ COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, D
 RATE = 8  # transactions per second, steady, for the whole test
 KILLS = ("random", "mid-batch", "after-write")
 SEED = 5
-# The coordinator processes read the same variable (txstream run --no-replay-check).
-REPLAY_CHECK = os.environ.get("TXSTREAM_NO_REPLAY_CHECK", "").lower() not in ("1", "true", "yes")
 
 
 class PlannedListener(TransactionListener):
@@ -266,7 +261,6 @@ def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
         int(n) for log in tmp_path.glob("*.log")
         for n in re.findall(r"was a replay: (\d+) records", log.read_text(errors="replace")))
     figures = {
-        "replay_check": REPLAY_CHECK,
         "kill_cycles": len(kills),
         "kills": [(k["mode"], k["batch"], k["mid_batch"]) for k in kills],
         "transactions": len(load.sent),
@@ -290,5 +284,4 @@ def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
     assert unknowns <= checked, "every unknown transaction was back-checked"
     assert {t for t in unknowns if listener.checked[t]} == unknowns
     assert set(delivered) == commits and figures["duplicates_after_dedup"] == 0
-    if REPLAY_CHECK:
-        assert figures["raw_duplicates"] == 0, "a restart released a message twice"
+    assert figures["raw_duplicates"] == 0, "a restart released a message twice"

@@ -3,7 +3,8 @@
 Spark's own last words after an out-of-memory death blame whatever its shutdown broke (a
 ``dagScheduler() is null``); the user must read which flag to raise instead. The case: a burst
 of big half messages born in the same second. They share a state key, and every micro-batch
-that touches a key copies its whole state several times over (README: sizing the heap).
+that touches a key copies its whole state several times over (docs/configuration.md: sizing the
+driver's heap).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from client.options import new_message_id
-from streaming.engine.session import DEFAULT_DRIVER_MEMORY
+from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision

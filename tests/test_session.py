@@ -11,10 +11,10 @@ import pytest
 
 from streaming.engine.config import RunConfig
 from streaming.engine.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.engine.session import (
+from streaming.engine.session import build_session
+from streaming.engine.spark_settings import (
     DEFAULT_DRIVER_MEMORY,
     JIT_OPTIONS,
-    build_session,
     gc_options,
     with_no_fork_fs,
 )
@@ -136,12 +136,50 @@ def test_spark_settings_given_by_the_user_keep_their_class_path_and_file_system(
     jar = tmp_path / "no-fork.jar"
     assert with_no_fork_fs({}, jar) == {"spark.hadoop.fs.file.impl": NO_FORK_FS_CLASS,
                                         "spark.driver.extraClassPath": str(jar)}
-    # TXSTREAM_SPARK_CONF's own jars stay on the class path, after ours.
+    # The user's own jars stay on the class path, ours after them.
     mine = with_no_fork_fs({"spark.driver.extraClassPath": "/opt/jdbc.jar", "x": "1"}, jar)
-    assert mine["spark.driver.extraClassPath"] == f"{jar}{os.pathsep}/opt/jdbc.jar"
+    assert mine["spark.driver.extraClassPath"] == f"/opt/jdbc.jar{os.pathsep}{jar}"
     assert mine["x"] == "1" and mine["spark.hadoop.fs.file.impl"] == NO_FORK_FS_CLASS
-    # A file system chosen by the user (to compare, docs/decisions/0006-no-fork-local-fs.md) is not
-    # overridden.
+    # A file system chosen by the user (to compare, docs/decisions/0006-no-fork-local-fs.md)
+    # is not overridden.
     hadoop = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
     assert with_no_fork_fs(hadoop, jar)["spark.hadoop.fs.file.impl"] == \
         "org.apache.hadoop.fs.LocalFileSystem"
+
+
+def test_txstream_run_honours_conf_flags_and_spark_defaults(
+        broker: EmbeddedBroker, tmp_path: Any) -> None:
+    from txstream.broker import free_port
+
+    from cluster_helpers import ui_json
+
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "spark.executor.extraJavaOptions  -Dfrom.defaults=1\n"
+        "spark.txstream.probe  defaults\nspark.txstream.kept  yes\n")
+    ui = free_port()
+    args = ["--bootstrap-servers", broker.bootstrap_servers, "--checkpoint-dir",
+            str(tmp_path / "cp"), "--topic-prefix", f"{tmp_path.name}_",
+            "--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}",
+            "--conf", "spark.txstream.probe=flag"]
+    process = CoordinatorProcess(args, tmp_path / "run.log",
+                                 env={"SPARK_CONF_DIR": str(conf_dir)}).start()
+    try:
+        def environment() -> dict[str, str] | None:
+            try:
+                app = ui_json(ui, "applications")[0]["id"]
+                return dict(ui_json(ui, f"applications/{app}/environment")["sparkProperties"])
+            except (OSError, ValueError, IndexError, KeyError):  # not up yet
+                return None
+
+        properties = wait_until(environment, timeout_s=90)
+        assert properties["spark.ui.enabled"] == "true"  # the UI answered at all
+        assert properties["spark.txstream.probe"] == "flag"  # --conf beats the defaults file
+        assert properties["spark.txstream.kept"] == "yes"
+        # The user's JVM options stay, and txstream's are added after them (Spark puts its own
+        # module options first).
+        options = properties["spark.executor.extraJavaOptions"]
+        assert f"-Dfrom.defaults=1 {JIT_OPTIONS['c1']}" in options, options
+    finally:
+        process.terminate()

@@ -10,14 +10,19 @@ batches off (``streaming.engine.session``) and tells Spark when a timer is due i
 - the operator emits a timer row for every state key it runs: the key's new timeout, or none
   (``streaming.engine.operator``);
 - the sink's tasks return them, and its driver-side commit folds them into this schedule, a
-  file in the checkpoint (``sinks.kafka_sink``). A replayed batch folds the same rows into the
-  same result;
+  file on the driver (``sinks.kafka_sink``), with the id of the batch it reflects. A replayed
+  batch folds the same rows into the same result;
 - the source reads the schedule whenever Spark asks for its latest offset and, once the
   earliest timeout has passed, moves a tick in its offset (``sources.kafka_source``). The
   offset moved, so Spark plans a batch, and it takes that batch's time after the offset, so
   the batch runs the timeout.
 
 Spark runs a timeout T in the first batch whose time is past T (``T < batch_ms``).
+
+The file is a cache of what the checkpoint holds: each key's timeout is also in its state
+(Spark keeps it beside the state value). A driver that starts with no file, or one that does
+not reflect the checkpoint's last committed batch (another host, a crash between the fold and
+Spark's commit), rebuilds it from the state (``streaming.engine.timers``).
 """
 
 from __future__ import annotations
@@ -29,9 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SCHEDULE_FILE", "TICK", "Schedule", "fold_into", "next_tick"]
+__all__ = ["TICK", "Schedule", "fold_into", "next_tick"]
 
-SCHEDULE_FILE = "txstream-timers.json"
 # The source offset's entry for the tick: {"at": ms of the last tick, "known": 1 or 0}. "known"
 # is 0 for a checkpoint started before schedules existed: its keys' timeouts were never
 # reported, so the source ticks whenever Spark asks (the old back-to-back batches).
@@ -40,32 +44,39 @@ TICK = "_tick"
 
 @dataclass(frozen=True)
 class Schedule:
-    """Each state key's processing-time timeout (ms); a key without a timer is absent."""
+    """Each state key's processing-time timeout (ms); a key without a timer is absent.
+    ``batch``: the id of the last batch folded in (None: not known)."""
 
     timeouts: Mapping[int, int] = field(default_factory=dict)
+    batch: int | None = None
 
-    def folded(self, changes: Mapping[int, int | None], batch_ms: int | None) -> Schedule:
-        """The schedule after a batch at ``batch_ms`` that ran the keys in ``changes`` (each
-        with its new timeout, or None). A timeout before ``batch_ms`` ran in that batch, so
-        its key reported again; one that did not report is dropped all the same."""
+    def folded(self, changes: Mapping[int, int | None], batch_ms: int | None,
+               batch: int | None = None) -> Schedule:
+        """The schedule after batch ``batch``, at ``batch_ms``, that ran the keys in
+        ``changes`` (each with its new timeout, or None). A timeout before ``batch_ms`` ran in
+        that batch, so its key reported again; one that did not report is dropped all the
+        same."""
         timeouts = {
             key: at for key, at in self.timeouts.items()
             if key not in changes and (batch_ms is None or at >= batch_ms)
         }
         timeouts.update((key, at) for key, at in changes.items() if at is not None)
-        return Schedule(timeouts)
+        return Schedule(timeouts, batch)
 
     def next_due(self, not_before: int) -> int | None:
         """The earliest timeout at or after ``not_before``, or None."""
         return min((at for at in self.timeouts.values() if at >= not_before), default=None)
 
     def to_json(self) -> str:
-        return json.dumps({"timeouts": {str(k): v for k, v in sorted(self.timeouts.items())}})
+        return json.dumps({"timeouts": {str(k): v for k, v in sorted(self.timeouts.items())},
+                           "batch": self.batch})
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
-        raw = json.loads(text)["timeouts"]
-        return cls({int(k): int(v) for k, v in raw.items()})
+        raw = json.loads(text)
+        batch = raw.get("batch")
+        return cls({int(k): int(v) for k, v in raw["timeouts"].items()},
+                   None if batch is None else int(batch))
 
     @classmethod
     def load(cls, path: Path) -> Schedule:
@@ -88,9 +99,10 @@ class Schedule:
             raise
 
 
-def fold_into(path: Path, changes: Mapping[int, int | None], batch_ms: int | None) -> Schedule:
+def fold_into(path: Path, changes: Mapping[int, int | None], batch_ms: int | None,
+              batch: int | None = None) -> Schedule:
     """Fold one committed batch into the schedule file; returns the new schedule."""
-    schedule = Schedule.load(path).folded(changes, batch_ms)
+    schedule = Schedule.load(path).folded(changes, batch_ms, batch)
     schedule.save(path)
     return schedule
 

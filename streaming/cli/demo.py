@@ -87,9 +87,9 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=demo_command)
 
 
-def _checkpoint(args: argparse.Namespace, stack: ExitStack) -> Path:
+def _checkpoint(args: argparse.Namespace, stack: ExitStack) -> str:
     if args.checkpoint_dir:
-        return Path(args.checkpoint_dir)
+        return str(args.checkpoint_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{uuid.uuid4().hex[:4]}"
     root = DEFAULT_CHECKPOINT_ROOT
     if root.is_dir() and os.access(root, os.W_OK):
@@ -99,7 +99,7 @@ def _checkpoint(args: argparse.Namespace, stack: ExitStack) -> Path:
         path = Path(tempfile.mkdtemp(prefix=f"txstream-demo-{stamp}-"))
     if not args.keep_checkpoint:
         stack.callback(shutil.rmtree, path, True)
-    return path
+    return str(path)
 
 
 def _quietly(fn: Callable[[], object], what: str) -> Callable[[], None]:
@@ -252,7 +252,9 @@ def _start_coordinator(args: argparse.Namespace, settings: KafkaSettings, topics
     config = RunConfig(kafka=settings, topics=topics, policy=policy,
                        checkpoint_dir=_checkpoint(args, stack),
                        trigger_ms=parse_duration_ms(args.trigger), buckets=8,
-                       query_name="txstream-demo")
+                       query_name="txstream-demo",
+                       # A one-minute demo has no use for Spark's web UI.
+                       spark_conf=(("spark.ui.enabled", "false"),))
     say(f"starting the coordinator in local Spark (checkpoint {config.checkpoint_dir}; "
         f"transaction timeout {args.transaction_timeout}, check interval "
         f"{args.check_interval}, check max {args.check_max})")

@@ -10,22 +10,28 @@ command shares become :class:`~txstream.kafka.KafkaSettings` (TLS/SASL variables
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from state.policy import Policy
-from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
-from streaming.engine.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
+from streaming.engine.config import (
+    DEFAULT_CHECKPOINT_ROOT,
+    LOG_LEVELS,
+    RunConfig,
+    parse_duration_ms,
+)
+from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_bool
 from txstream.topics import Topics
 
 __all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of", "format_ms",
-           "add_run_arguments", "config_from_args"]
+           "add_spark_arguments", "spark_conf_of", "set_log_level", "add_run_arguments",
+           "config_from_args"]
 
 # The core's timing rules (state.policy.Policy): flag, kind, help. Durations are text ("6s").
 _POLICY_FLAGS: list[tuple[str, str, str]] = [
@@ -86,11 +92,48 @@ def format_ms(epoch_ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
 
 
+def add_spark_arguments(p: argparse.ArgumentParser) -> None:
+    """Where Spark runs and what it is told, as ``spark-submit`` takes it."""
+    p.add_argument("--master", default=env("master"),
+                   help="cluster manager URL, as spark-submit --master (default: spark-submit's, "
+                        "or local[2] on loopback)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable); it beats txstream's own values, as "
+                        "spark-submit --conf and spark-defaults.conf do")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=env("log-level"),
+                   help="Spark's log level, and txstream's (default: Spark's log4j "
+                        "configuration; txstream's own lines: WARN)")
+
+
+_PYTHON_LEVELS = {"ALL": logging.DEBUG, "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG,
+                  "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR,
+                  "FATAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
+
+
+def set_log_level(level: str | None) -> None:
+    """txstream's own log level from ``--log-level`` (log4j's names); None keeps WARN."""
+    if level:
+        logging.getLogger().setLevel(_PYTHON_LEVELS[level.upper()])
+
+
+def spark_conf_of(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The ``--conf KEY=VALUE`` pairs, in order; a key given twice keeps its last value."""
+    pairs: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--conf wants KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value
+    return tuple(pairs.items())
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``txstream run`` (also taken by the benchmark)."""
     add_kafka_arguments(p)
+    add_spark_arguments(p)
     p.add_argument("--checkpoint-dir", default=env("checkpoint-dir"),
-                   help=f"default {DEFAULT_CHECKPOINT_ROOT / 'coordinator'}")
+                   help="a path or a URI Spark can write (file://, hdfs://, s3a://...; default "
+                        f"{DEFAULT_CHECKPOINT_ROOT / 'coordinator'})")
     for name, _kind, text in _POLICY_FLAGS:
         p.add_argument(f"--{name}", default=env(name), help=text)
     p.add_argument("--trigger", default=env("trigger") or "0s",
@@ -146,9 +189,12 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
         "history": not args.no_history,
         "metrics_port": int(args.metrics_port) if args.metrics_port else None,
         "metrics_host": args.metrics_host,
+        "master": args.master,
+        "spark_conf": spark_conf_of(args),
+        "log_level": args.log_level,
     }
     if args.checkpoint_dir:
-        changes["checkpoint_dir"] = Path(args.checkpoint_dir)
+        changes["checkpoint_dir"] = args.checkpoint_dir  # a URI stays as given
     if args.key_window is not None:
         changes["key_window_ms"] = parse_duration_ms(args.key_window)
     for name in _PLAIN_FIELDS:

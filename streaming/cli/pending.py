@@ -8,12 +8,17 @@ import json
 import re
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from streaming.cli.options import env, format_ms
-from streaming.engine.session import DEFAULT_DRIVER_MEMORY, check_driver_memory
-from streaming.engine.state_reader import PendingRow, latest_batch, read_pending
+from streaming.cli.options import (
+    add_spark_arguments,
+    env,
+    format_ms,
+    set_log_level,
+    spark_conf_of,
+)
+from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, check_driver_memory
+from streaming.engine.state_reader import PendingRow, read_pending
 from txstream.errors import ConfigError
 
 __all__ = ["add_parser", "pending_command", "format_table"]
@@ -59,46 +64,46 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--driver-memory", default=env("driver-memory"),
                    help="the Spark driver's heap for reading the state (default "
                         f"{DEFAULT_DRIVER_MEMORY}; env TXSTREAM_DRIVER_MEMORY, as for run)")
+    add_spark_arguments(p)
     p.set_defaults(func=pending_command)
 
 
 def pending_command(args: argparse.Namespace) -> int:
+    from streaming.engine.checkpoint import Checkpoint
     from streaming.engine.session import build_session
 
+    set_log_level(args.log_level)
     memory = args.driver_memory or DEFAULT_DRIVER_MEMORY
     try:
         check_driver_memory(memory)
     except ValueError as exc:
         raise ConfigError(f"--driver-memory: {exc}") from None
-    checkpoint = Path(args.checkpoint_dir)
-    local = "://" not in str(args.checkpoint_dir)
-    if local and not (checkpoint / "offsets").is_dir():
-        raise ConfigError(f"{checkpoint} is not a coordinator checkpoint (no offsets/)")
-    batch = latest_batch(checkpoint) if local else None
-    # With --json, stdout carries the rows only: a script reads "nothing" as no rows.
-    note = sys.stderr if args.json else sys.stdout
-    if local and batch is None:
-        print(f"no committed batch in {checkpoint} yet: nothing is pending", file=note)
-        return 0
-    if local and not (checkpoint / "state").is_dir():
-        print(f"no state in {checkpoint} yet: nothing is pending", file=note)
-        return 0
+    location = args.checkpoint_dir  # a URI goes to Spark as given
     # Defaults on purpose: getOrCreate applies the builder's settings to a session that already
     # exists in this process (a test's, the demo's), and the reader takes the partitioning from
     # the checkpoint anyway.
-    spark = build_session(app_name="txstream-pending", driver_memory=memory)
-    # A URI goes to Spark untouched: Path would fold "hdfs://nn/x" into "hdfs:/nn/x".
-    where_read = checkpoint if local else args.checkpoint_dir
+    spark = build_session(master=args.master, app_name="txstream-pending",
+                          conf=dict(spark_conf_of(args)), driver_memory=memory,
+                          log_level=args.log_level)
+    checkpoint = Checkpoint(spark, location)
+    if checkpoint.read_text("metadata") is None:
+        raise ConfigError(f"{location} is not a coordinator checkpoint (no metadata)")
+    batch = checkpoint.last_committed_batch()
+    # With --json, stdout carries the rows only: a script reads "nothing" as no rows.
+    note = sys.stderr if args.json else sys.stdout
+    if batch is None:
+        print(f"no committed batch in {location} yet: nothing is pending", file=note)
+        return 0
     try:
-        rows = read_pending(spark, where_read, batch_id=batch[0] if batch else None)
+        rows = read_pending(spark, location, batch_id=batch)
     except Exception as exc:  # Spark's errors: a wall of JVM trace; keep the line that says why
-        raise ConfigError(f"cannot read the state of {checkpoint}: {_reason(exc)}") from None
+        raise ConfigError(f"cannot read the state of {location}: {_reason(exc)}") from None
     if args.json:
         for row in rows:
             print(json.dumps(asdict(row)))
         return 0
-    where = f"batch {batch[0]} at {format_ms(batch[1])}" if batch else "last committed batch"
-    print(f"{len(rows)} pending transaction(s) in {checkpoint} ({where})")
+    print(f"{len(rows)} pending transaction(s) in {location} "
+          f"(batch {batch} at {format_ms(checkpoint.batch_time(batch))})")
     if rows:
         print(format_table(rows))
     return 0

@@ -8,10 +8,11 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from streaming.cli.options import add_run_arguments, config_from_args
+from streaming.cli.options import add_run_arguments, config_from_args, set_log_level
 from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
 from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig
 from streaming.engine.coordinator import Coordinator
+from streaming.engine.session import on_jvm_signals, submitted
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import wait_for_broker
 
@@ -69,12 +70,15 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
 
 
 def run_command(args: argparse.Namespace) -> int:
+    set_log_level(args.log_level)
     failure = None
     with ExitStack() as stack:
         with interrupt_on_signals():  # until the query runs, a signal simply unwinds
             config = _config(args, stack)
             coordinator = _start(config, args, stack)
         stop = stop_event_on_signals()
+        if submitted():  # spark-submit's JVM is the process a user or a scheduler holds
+            on_jvm_signals(coordinator.spark, lambda name: stop.set())
         try:
             while coordinator.query.isActive and not stop.is_set():
                 coordinator.query.awaitTermination(1.0)

@@ -8,6 +8,7 @@ from it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from state.keys import KeyLayout
 from state.policy import Policy
-from streaming.engine.session import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
+from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
@@ -24,9 +25,13 @@ __all__ = [
     "DEFAULT_CHECKPOINT_ROOT",
     "RunConfig",
     "parse_duration_ms",
+    "LOG_LEVELS",
 ]
 
-DEFAULT_CHECKPOINT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
+DEFAULT_CHECKPOINT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
+
+# log4j's levels, which Spark's setLogLevel takes; Python's logging gets the nearest.
+LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
@@ -50,7 +55,9 @@ class RunConfig:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     topics: Topics = field(default_factory=Topics)
     policy: Policy = field(default_factory=Policy)
-    checkpoint_dir: Path = DEFAULT_CHECKPOINT_ROOT / "coordinator"
+    # A path or a URI (file://, hdfs://, s3a://, ...), handed to Spark as given; a Path is
+    # taken as its text.
+    checkpoint_dir: str = str(DEFAULT_CHECKPOINT_ROOT / "coordinator")
     trigger_ms: int = 0  # 0: a batch as soon as input or a due timer is there (best latency)
     # State keys (state/keys.py): a transaction id's creation-time window and one of
     # ``key_shards`` shards; ``buckets`` hash buckets for ids that carry no time. Pinned in the
@@ -65,11 +72,22 @@ class RunConfig:
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
     history: bool = True  # write every transition to the history topic (txstream history)
+    # Spark: the cluster manager (None: spark-submit's, or local[2]), settings that beat
+    # txstream's own (streaming.engine.session), and the log level (None: log4j's config).
+    master: str | None = None
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    log_level: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"  # all interfaces: a scraper in another container must reach it
     query_name: str = "txstream-coordinator"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
+        if not self.checkpoint_dir:
+            raise ConfigError("the checkpoint location must not be empty")
+        if self.log_level is not None and self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, "
+                              f"not {self.log_level!r}")
         if self.buckets < 1 or self.key_shards < 1:
             raise ConfigError("buckets and key shards must be at least 1")
         if self.key_window_ms < 1:

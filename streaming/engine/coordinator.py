@@ -9,10 +9,26 @@ from typing import Any
 
 from streaming.engine.config import RunConfig
 
-__all__ = ["Coordinator"]
+__all__ = ["Coordinator", "session_for"]
 
 # Spark's exit code for a JVM that ran out of heap (org.apache.spark.util.SparkExitCode.OOM).
 _JVM_OUT_OF_MEMORY = 52
+
+
+def session_for(config: RunConfig, app_name: str = "txstream") -> Any:
+    """The SparkSession ``config`` asks for (``getOrCreate``)."""
+    from streaming.engine.session import build_session
+
+    return build_session(
+        master=config.master,
+        shuffle_partitions=config.shuffle_partitions,
+        state_store=config.state_store,
+        app_name=app_name,
+        conf=dict(config.spark_conf),
+        jit=config.jit,
+        driver_memory=config.driver_memory,
+        log_level=config.log_level,
+    )
 
 
 class Coordinator:
@@ -31,14 +47,8 @@ class Coordinator:
 
     def start(self) -> Coordinator:
         from streaming.engine.progress import ProgressListener
-        from streaming.engine.session import build_session
 
-        self.spark = build_session(
-            shuffle_partitions=self.config.shuffle_partitions,
-            state_store=self.config.state_store,
-            jit=self.config.jit,
-            driver_memory=self.config.driver_memory,
-        )
+        self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         self.spark.streams.addListener(self.listener)
         self.query = self.start_query(self.spark)
@@ -86,7 +96,7 @@ class Coordinator:
                     f"--driver-memory {self.config.driver_memory}): restart with more, the "
                     f"checkpoint keeps everything. Pending half messages live in that heap, "
                     f"and a burst of big ones born in the same second needs the most "
-                    f"(README: sizing the driver's heap).")
+                    f"(docs/configuration.md: sizing the driver's heap).")
         for line in text.splitlines():
             if "Error" in line or "Exception" in line:
                 return line.strip()[:500]

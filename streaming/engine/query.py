@@ -23,19 +23,20 @@ with, so a back-check counts only once it was delivered and nothing is lost.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sinks.kafka_sink import SinkOptions
 from sources.kafka_io import SourceOptions
-from streaming.engine.checkpoint import pin_layout
+from streaming.engine.checkpoint import Checkpoint, pin_layout
 from streaming.engine.config import RunConfig
 from streaming.engine.operator import coordinator_function
+from streaming.engine.timers import restore_schedule
 from txstream.options import to_options
 from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
-from txstream.timer_schedule import SCHEDULE_FILE
 
 __all__ = ["event_stream", "stateful_outputs", "record_writer", "build_stream",
-           "start_coordinator", "OBSERVATION"]
+           "prepare_checkpoint", "start_coordinator", "OBSERVATION"]
 
 OBSERVATION = "txstream"
 
@@ -70,12 +71,9 @@ def _observed_metrics() -> list[Any]:
     ]
 
 
-def _timer_file(config: RunConfig) -> str:
-    return str(config.checkpoint_dir / SCHEDULE_FILE)
-
-
-def event_stream(spark: Any, config: RunConfig) -> Any:
-    """The half and end topics as a stream of ``EventRow`` (``txstream-events``)."""
+def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
+    """The half and end topics as a stream of ``EventRow`` (``txstream-events``); with a
+    ``timer_file``, a batch also runs when a timer in it is due."""
     from sources.kafka_source import register
 
     register(spark)  # both data sources: the events source and the records sink
@@ -87,7 +85,7 @@ def event_stream(spark: Any, config: RunConfig) -> Any:
         key_layout=config.layout,
         read_tasks=spark.sparkContext.defaultParallelism,
         max_offsets_per_trigger=config.max_offsets_per_trigger or None,
-        timer_file=_timer_file(config),
+        timer_file=str(timer_file) if timer_file else None,
     )
     return spark.readStream.format("txstream-events").options(**to_options(options)).load()
 
@@ -105,32 +103,40 @@ def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
     )
 
 
-def record_writer(outputs: Any, config: RunConfig) -> Any:
-    """The ``DataStreamWriter`` of ``outputs`` to Kafka (``txstream-records``), not started."""
-    options = SinkOptions(kafka=config.kafka, timer_file=_timer_file(config))
+def record_writer(outputs: Any, config: RunConfig, timer_file: Path | None) -> Any:
+    """The ``DataStreamWriter`` of ``outputs`` to Kafka (``txstream-records``), not started;
+    with a ``timer_file``, each committed batch folds its keys' timeouts into it."""
+    options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None)
     return (
         outputs.writeStream.format("txstream-records")
         .options(**to_options(options))
-        .option("checkpointLocation", str(config.checkpoint_dir))
+        .option("checkpointLocation", config.checkpoint_dir)
         .outputMode("append")
         .queryName(config.query_name)
         .trigger(processingTime=f"{config.trigger_ms} milliseconds")
     )
 
 
-def build_stream(spark: Any, config: RunConfig) -> Any:
+def build_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The coordinator's DataStreamWriter, not yet started."""
     from pyspark.sql import functions as F
 
-    outputs = stateful_outputs(event_stream(spark, config),
+    outputs = stateful_outputs(event_stream(spark, config, timer_file),
                                coordinator_function(config.policy, config.topics))
     if not config.history:
         # After observe: the query's counters are read from the history rows.
         outputs = outputs.filter(F.col("kind") != Kind.HISTORY)
-    return record_writer(outputs, config)
+    return record_writer(outputs, config, timer_file)
+
+
+def prepare_checkpoint(spark: Any, config: RunConfig) -> Path:
+    """Pin the state-key layout in the checkpoint and bring the driver's timer schedule up to
+    its last committed batch; returns the schedule file."""
+    checkpoint = Checkpoint(spark, config.checkpoint_dir)
+    pin_layout(checkpoint, config.layout)
+    return restore_schedule(spark, checkpoint)
 
 
 def start_coordinator(spark: Any, config: RunConfig) -> Any:
     """Start the coordinator query on ``spark``; returns the StreamingQuery."""
-    pin_layout(config)
-    return build_stream(spark, config).start()
+    return build_stream(spark, config, prepare_checkpoint(spark, config)).start()

@@ -1,154 +1,63 @@
-"""The SparkSession txstream runs in, with the settings measured to matter on a small machine."""
+"""The SparkSession txstream runs in: txstream's settings where the user set none.
+
+What the user gives wins: ``spark-submit --conf`` and ``--driver-memory``, ``spark-defaults.conf``
+and ``txstream run --conf``. txstream's own values (``streaming.engine.spark_settings``) fill
+the keys left unset; the JVM options, the driver's class path and the Python warning filters
+are extended rather than replaced.
+"""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streaming.engine.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
+from streaming.engine.local_fs import no_fork_fs_jar
+from streaming.engine.spark_settings import (
+    DEFAULT_DRIVER_MEMORY,
+    PANDAS_WARNING_FILTER,
+    defaults_file_settings,
+    is_local_master,
+    merge_settings,
+    tuned_settings,
+    with_no_fork_fs,
+)
 
-__all__ = ["build_session", "stop_spark", "with_no_fork_fs", "check_driver_memory", "gc_options",
-           "LOG4J_CONFIG", "JIT_OPTIONS", "ROCKSDB_SETTINGS", "DEFAULT_DRIVER_MEMORY",
-           "MIN_G1_REGION_MIB"]
-
-LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
-
-# The JVM's just-in-time compilers. "c1": the quick compiler only. Every micro-batch runs tens of
-# thousands of Spark methods (analysis, planning, scheduling, state store), and with the JVM's
-# default tiered compilation the optimizing compiler (C2) kept compiling them for minutes after
-# the start, 0.2-0.5 of this 2-core machine's cores; with C1 only the JVM settles in seconds and
-# the coordinator released 24-34 % more per second (docs/decisions/0007-quick-jit.md). "tiered": the
-# JVM's default, for machines with cores to spare and jobs that run for days.
-JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
-# `--state-store rocksdb`. With changelog checkpointing a batch writes the changes it made
-# instead of uploading a new snapshot of the store's files (Spark's and Databricks' advice);
-# here it was a few percent faster per batch (docs/decisions/0013-rocksdb-changelog.md). Spark
-# reads back checkpoints written either way.
-ROCKSDB_SETTINGS = {
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
-
-# The driver's heap, where a local coordinator's state store lives. Spark's own default is
-# 1g: with 1M pending transactions (200-byte bodies) ~600 MB of it stayed live after each GC,
-# and the store's timeout scan copies every state key's value each batch, so G1 ran mixed
-# collections back to back; 2g held 1M with room to spare
-# (docs/decisions/0008-driver-heap-and-g1-regions.md).
-DEFAULT_DRIVER_MEMORY = "2g"
-# G1 gives an object of more than half a region regions of its own ("humongous"), allocated
-# outside the young generation. Spark's timeout scan copies every state key's value on every
-# micro-batch, and a key holds one second of half messages: ~1-2 MB at a few thousand a
-# second. With a 2g heap's 1 MB regions every copy was humongous (with 1M held, ~1.2 GB of
-# humongous garbage between two collections), the held values themselves took about twice
-# their size in regions, and a micro-batch took ~1.8x as long as with 10k held. With 4 MB
-# regions the copies are ordinary young objects and it took as long
-# (docs/decisions/0008-driver-heap-and-g1-regions.md).
-MIN_G1_REGION_MIB = 4
-_MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|t|tb)?$", re.IGNORECASE)
-_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-
-_PYSPARK_PANDAS_WARNING = "ignore:The behavior of DataFrame concatenation:FutureWarning"
+__all__ = ["build_session", "stop_spark", "on_jvm_signals", "given_settings", "submitted"]
 
 
-def _env_settings() -> dict[str, str]:
-    """``TXSTREAM_SPARK_CONF="k=v k=v"``: any other Spark settings (an event log, memory...)."""
-    pairs = os.environ.get("TXSTREAM_SPARK_CONF", "").split()
-    bad = [p for p in pairs if "=" not in p]
-    if bad:
-        raise ValueError(f"TXSTREAM_SPARK_CONF wants key=value pairs, got {bad[0]!r}")
-    return dict(p.split("=", 1) for p in pairs)
+def submitted() -> bool:
+    """Whether spark-submit started this driver (it sets ``PYSPARK_GATEWAY_PORT``)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def with_no_fork_fs(settings: dict[str, Any], jar: Path) -> dict[str, Any]:
-    """``settings`` plus the no-fork local file system (streaming/local_fs.py): the jar joins
-    any class path given, and a ``fs.file.impl`` given stays."""
-    given = str(settings.get("spark.driver.extraClassPath") or "")
-    return {
-        "spark.hadoop.fs.file.impl": NO_FORK_FS_CLASS,
-        **settings,
-        "spark.driver.extraClassPath": os.pathsep.join(p for p in (str(jar), given) if p),
-    }
+def given_settings(conf: Mapping[str, str]) -> dict[str, str]:
+    """Every Spark setting the user gave: spark-submit's (its ``--conf``, ``--master``,
+    ``--driver-memory``, ``spark-defaults.conf``), or ``spark-defaults.conf`` when txstream
+    starts Spark itself; then ``conf`` (``txstream run --conf``)."""
+    if submitted():
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # the JVM spark-submit started, with its settings
+        given = dict(SparkConf().getAll())
+    else:
+        import pyspark
+
+        given = defaults_file_settings(os.environ, Path(pyspark.__file__).parent)
+    given.update(conf)
+    return given
 
 
-def _heap_mib(text: str) -> float:
-    match = _MEMORY.match(text.strip())
-    if not match:
-        raise ValueError(f"driver memory must look like 2g or 1536m, not {text!r}")
-    number, unit = match.groups()
-    return int(number) * _MIB[(unit or "m")[0].lower()]
-
-
-def check_driver_memory(text: str) -> str:
-    """``text`` if Spark takes it as a driver heap (``2g``, ``1536m``; a bare number is MiB),
-    else ValueError. Spark refuses to start with less than ~450 MiB of heap."""
-    if _heap_mib(text) < 512:
-        raise ValueError(f"driver memory must be at least 512m (Spark needs ~450m), not {text!r}")
-    return text.strip()
-
-
-def gc_options(driver_memory: str) -> str:
-    """The JVM's G1 regions at least :data:`MIN_G1_REGION_MIB` large. G1 sizes them itself at
-    a 2048th of the heap (1 MB up to a 2g heap), so only smaller heaps get the option."""
-    if _heap_mib(driver_memory) / 2048 >= MIN_G1_REGION_MIB:
-        return ""
-    return f"-XX:G1HeapRegionSize={MIN_G1_REGION_MIB}m"
-
-
-def _tuned_settings(shuffle_partitions: int, state_store: str, jit: str,
-                    driver_memory: str) -> dict[str, str]:
-    """The Spark settings txstream runs with (docs/decisions/0012-spark-settings.md)."""
-    if jit not in JIT_OPTIONS:
-        raise ValueError(f"jit must be one of {sorted(JIT_OPTIONS)}, got {jit!r}")
-    if state_store not in ("default", "rocksdb"):
-        raise ValueError("state_store must be 'default' or 'rocksdb'")
-    check_driver_memory(driver_memory)
-    java_opts = " ".join(o for o in (f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
-                                     JIT_OPTIONS[jit], gc_options(driver_memory)) if o)
-    return {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.default.parallelism": str(shuffle_partitions),
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
-        "spark.python.worker.reuse": "true",
-        # Spark's default; unix sockets measured no better here.
-        "spark.python.unix.domain.socket.enabled": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # Arrow batches of 2,000 rows, not 10,000: the sink starts on the operator's output
-        # sooner, so the two overlap within a task.
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
-        "spark.sql.streaming.stateStore.maintenanceInterval": "30s",
-        # With processing-time timeouts Spark runs batches back to back to look for due ones,
-        # input or not. Off, a batch runs when the source's offset moves, and the coordinator's
-        # source moves it when a timer is due (docs/decisions/0003-timer-schedule.md).
-        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        # How long Spark waits before asking the source again when it had nothing: each ask is
-        # a high-watermark fetch (10 ms: 0.26 cores idle; 50 ms: 0.08).
-        "spark.sql.streaming.pollingDelay": "50ms",
-        # The default (FileContext-based) manager has Hadoop's local file system fork `chmod`
-        # and `readlink` for every file it writes; the FileSystem-based one works on any Hadoop
-        # file system (docs/decisions/0006-no-fork-local-fs.md).
-        "spark.sql.streaming.checkpointFileManagerClass":
-            "org.apache.spark.sql.execution.streaming.checkpointing."
-            "FileSystemBasedCheckpointFileManager",
-        **(ROCKSDB_SETTINGS if state_store == "rocksdb" else {}),
-    }
-
-
-def _prepare_environment(submitted: bool) -> None:
+def _prepare_environment(local: bool) -> None:
     # Driver-side Python (the data source reader) must start this interpreter, not the system one.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # pandas warns from inside pyspark's applyInPandasWithState serializer (its concat of empty
-    # frames) in every Python worker, every micro-batch: pyspark's code, not ours, and a long
-    # job's log would be mostly that. The workers inherit this filter.
-    os.environ.setdefault("PYTHONWARNINGS", _PYSPARK_PANDAS_WARNING)
-    if not submitted:
+    # The driver's own Python workers inherit the filter (executors get it by their settings).
+    os.environ.setdefault("PYTHONWARNINGS", PANDAS_WARNING_FILTER)
+    if local and not submitted():
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
@@ -157,46 +66,69 @@ def build_session(
     shuffle_partitions: int = 2,
     state_store: str = "default",
     app_name: str = "txstream",
-    extra: dict[str, Any] | None = None,
+    conf: Mapping[str, str] | None = None,
     jit: str = "c1",
     driver_memory: str = DEFAULT_DRIVER_MEMORY,
+    log_level: str | None = None,
 ) -> Any:
-    """A SparkSession (``getOrCreate``): quiet logs, few shuffle partitions, worker reuse on.
+    """A SparkSession (``getOrCreate``) with txstream's settings where the user gave none.
 
-    ``shuffle_partitions`` and ``state_store`` are fixed in a query's checkpoint on its first
-    run; Spark's default of 200 partitions made a batch 18x slower than 2 here.
-
-    ``jit``: a key of :data:`JIT_OPTIONS`, and ``driver_memory`` (:data:`DEFAULT_DRIVER_MEMORY`):
-    like the two above, they only take effect when this call starts the JVM; under
-    ``spark-submit`` its ``--driver-memory`` stands.
-
-    ``master``: None is ``local[2]`` on loopback, unless ``spark-submit`` started this driver
-    (it sets ``PYSPARK_GATEWAY_PORT``): then its ``--master`` and network settings stand, since
-    a master set here would override them and executors cannot reach a loopback driver.
+    ``master``: as ``spark-submit --master``; None keeps spark-submit's, or is ``local[2]`` on
+    loopback when txstream starts Spark itself. ``shuffle_partitions`` and ``state_store`` are
+    fixed in a query's checkpoint on its first run. ``jit`` and ``driver_memory`` reach the
+    driver's JVM only when this call starts it. ``log_level``: Spark's (None: log4j's config).
     """
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    _prepare_environment(submitted)
+    given = given_settings(conf or {})
+    if master is not None:
+        given["spark.master"] = master
+    master = given.get("spark.master") or (None if submitted() else "local[2]")
+    local = is_local_master(master)
+    _prepare_environment(local)
     from pyspark.sql import SparkSession
 
-    settings: dict[str, Any] = _tuned_settings(shuffle_partitions, state_store, jit,
-                                               driver_memory)
-    if not submitted:
-        settings.update({"spark.driver.bindAddress": "127.0.0.1",
-                         "spark.driver.memory": driver_memory})
-    settings.update({**_env_settings(), **(extra or {})})
-    builder = SparkSession.builder.appName(app_name)
-    if master is not None or not submitted:
-        builder = builder.master(master or "local[2]")
-    if not submitted and (master or "local").startswith("local"):
+    settings = merge_settings(tuned_settings(
+        shuffle_partitions=shuffle_partitions, state_store=state_store, jit=jit,
+        driver_memory=driver_memory, executor_memory=given.get("spark.executor.memory", "1g"),
+        local=local, submitted=submitted()), given)
+    if local and not submitted():
         # Only where this call starts the JVM and every executor is in it: the jar is local.
         jar = no_fork_fs_jar()
         if jar is not None:
             settings = with_no_fork_fs(settings, jar)
+    builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if log_level:
+        spark.sparkContext.setLogLevel(log_level.upper())
     return spark
+
+
+def on_jvm_signals(spark: Any, handler: Callable[[str], None],
+                   names: tuple[str, ...] = ("TERM", "INT")) -> None:
+    """Let the driver's JVM hand these signals to ``handler`` instead of shutting down.
+
+    Under spark-submit the JVM is the process a user or a scheduler holds, and its default
+    SIGTERM runs Spark's shutdown hooks, which stop the context under the running query: the
+    query fails with a screen of stack traces. Handled here, the signal reaches Python
+    (through py4j's callback server), which stops the query cleanly and exits; spark-submit
+    then exits with it.
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    jvm = spark.sparkContext._jvm
+
+    class _Handler:
+        def handle(self, signal: Any) -> None:
+            threading.Thread(target=handler, args=(signal.getName(),), daemon=True).start()
+
+        class Java:
+            implements = ["sun.misc.SignalHandler"]
+
+    for name in names:
+        jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), _Handler())
 
 
 def stop_spark(spark: Any) -> None:

@@ -9,16 +9,14 @@ coordinator is not disturbed.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from state.bucket import Bucket
 from state.lifecycle import Transaction
 
-__all__ = ["PendingRow", "read_pending", "latest_batch"]
+__all__ = ["PendingRow", "read_pending"]
 
 
 @dataclass(frozen=True)
@@ -33,23 +31,6 @@ class PendingRow:
     checks_answered: int
     next_check_ms: int | None
     state_key: int
-
-
-def latest_batch(checkpoint: Path) -> tuple[int, int | None] | None:
-    """(last committed batch id, its batch timestamp ms) of a local checkpoint, or None."""
-    commits = checkpoint / "commits"
-    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
-    if not ids:
-        return None
-    batch = max(ids)
-    when = None
-    try:
-        # offsets/N: "v1", then the batch metadata (batchTimestampMs), then source offsets.
-        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-        when = int(json.loads(lines[1])["batchTimestampMs"])
-    except (OSError, IndexError, KeyError, ValueError):
-        pass
-    return batch, when
 
 
 def _blob(value: Any) -> bytes | None:
@@ -81,7 +62,7 @@ def _row(tx: Transaction, key: int, now: int) -> PendingRow:
     )
 
 
-def read_pending(spark: Any, checkpoint_dir: str | Path, batch_id: int | None = None,
+def read_pending(spark: Any, checkpoint_dir: str, batch_id: int | None = None,
                  now_ms: int | None = None) -> list[PendingRow]:
     """Every unresolved transaction in the checkpoint's state, oldest first."""
     # The state reader registers with the StateStoreCoordinator, which a session creates with
@@ -91,7 +72,7 @@ def read_pending(spark: Any, checkpoint_dir: str | Path, batch_id: int | None = 
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", str(batch_id))
-    rows = reader.load(str(checkpoint_dir)).select("key", "value").collect()
+    rows = reader.load(checkpoint_dir).select("key", "value").collect()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     out = []
     for r in rows:
