@@ -23,7 +23,7 @@ RUN mkdir -p /usr/share/man/man1 \
 WORKDIR /src
 # Dependencies first, in their own layer: a code change does not reinstall pyspark.
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\\n'.join(p['dependencies'] + p['optional-dependencies']['coordinator'] + p['optional-dependencies']['console']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 COPY . .
 RUN pip install --no-deps . && rm -rf /src/build

@@ -62,7 +62,7 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
     def forward(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
                 state: Any) -> Iterator[pd.DataFrame]:
         now = int(state.getCurrentProcessingTimeMs())
-        ends = [(k, h) for kind, _p, _o, k, _v, h, error in in_replay_order(frames)
+        ends = [(k, h) for kind, _p, _o, k, _v, h, error, _t in in_replay_order(frames)
                 if kind == EventKind.END and error is None and k]
         if not ends:
             return

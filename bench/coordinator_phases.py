@@ -23,7 +23,8 @@ from bench.harness import BenchFailed, Harness
 from bench.workload import RecordWatcher, Workload, now_ms
 from txstream.kafka import KafkaSettings, make_producer, partition_ends, read_topic
 from txstream.message import Decision
-from txstream.wire import H, decode_history
+from txstream.outputs import decode_history
+from txstream.wire import H
 
 __all__ = ["ThroughputResult", "LatencyResult", "measure_throughput", "measure_latency",
            "summary", "Offered", "offer_load"]

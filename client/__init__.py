@@ -11,6 +11,7 @@ format) and :mod:`txstream.kafka` (client construction).
 
 from __future__ import annotations
 
+from client.consume_from import ConsumeFromWhere
 from client.consumer import PushConsumer
 from client.dedup import DedupCache
 from client.executor import BoundedExecutor, RejectedExecution
@@ -43,6 +44,7 @@ __all__ = [
     "TransactionSendResult",
     "SendStatus",
     "PushConsumer",
+    "ConsumeFromWhere",
     "ConsumeStatus",
     "MessageListener",
     "Subscription",

@@ -5,8 +5,14 @@ request reaches one of them. A request is answered on the check executor; its of
 committed only once the answer (an end event with ``from_check``) was acknowledged by the
 broker. A request whose answer failed, or that the full executor refused, is fetched again.
 
+A request that is superseded is not answered: one past its ``CHECK_VALID_UNTIL`` by more than
+``grace_ms`` (the next check of its transaction is out), or one older than a request for the
+same transaction read with it or before it. The coordinator would count no answer to it, and
+a producer returning after a long absence would otherwise answer a backlog.
+
 All consumer calls happen on the one polling thread (kafka-python's consumer is not
-thread-safe); executor threads only report back through :class:`_Offsets`.
+thread-safe); executor threads only report back through the offset tracker. Rebalance
+callbacks run on kafka-python's IO thread, where only its async calls may be made.
 """
 
 from __future__ import annotations
@@ -14,18 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka import AsyncConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from client.offsets import OffsetTracker
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer
 from txstream.message import Message
-from txstream.wire import decode_check
+from txstream.outputs import CheckRequest, decode_check
 
 __all__ = ["CheckResponder"]
 
@@ -33,74 +41,71 @@ log = logging.getLogger(__name__)
 
 Answer = Callable[[Message, int], None]  # raises when the answer was not acknowledged
 
-
-class _Offsets:
-    """Per partition: what may be committed. Thread-safe.
-
-    The commit point is the lowest offset still being answered, or past the last record taken
-    when none is. A failed answer pins the commit point at its offset until the polling thread
-    rewinds the partition to it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._inflight: dict[TopicPartition, set[int]] = {}
-        self._next: dict[TopicPartition, int] = {}
-        self._failed: dict[TopicPartition, int] = {}
-        self._committed: dict[TopicPartition, int] = {}
-
-    def take(self, tp: TopicPartition, offset: int, inflight: bool = True) -> bool:
-        with self._lock:
-            if tp in self._failed:
-                return False  # rewind first, or later offsets would be committed past it
-            if inflight:
-                self._inflight.setdefault(tp, set()).add(offset)
-            self._next[tp] = offset + 1
-            return True
-
-    def finish(self, tp: TopicPartition, offset: int, ok: bool) -> None:
-        with self._lock:
-            self._inflight.get(tp, set()).discard(offset)
-            if not ok:
-                self._failed[tp] = min(offset, self._failed.get(tp, offset))
-                self._next[tp] = min(self._next.get(tp, offset), offset)
-
-    def rewind(self, tp: TopicPartition, offset: int) -> None:
-        with self._lock:
-            self._next[tp] = offset
-
-    def pop_failed(self) -> dict[TopicPartition, int]:
-        with self._lock:
-            failed, self._failed = self._failed, {}
-            return failed
-
-    def busy(self, tps: set[TopicPartition]) -> bool:
-        with self._lock:
-            return any(self._inflight.get(tp) for tp in tps)
-
-    def to_commit(self, tps: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        with self._lock:
-            out = {}
-            for tp, nxt in self._next.items():
-                if tps is not None and tp not in tps:
-                    continue
-                point = min([nxt, *self._inflight.get(tp, ())])
-                if self._committed.get(tp) != point:
-                    out[tp] = point
-            return out
-
-    def committed(self, offsets: dict[TopicPartition, int]) -> None:
-        with self._lock:
-            self._committed.update(offsets)
-
-    def forget(self, tps: set[TopicPartition]) -> None:
-        with self._lock:
-            for d in (self._inflight, self._next, self._failed, self._committed):
-                for tp in tps:
-                    d.pop(tp, None)
+# The transactions whose latest request number is remembered, to skip older ones read later.
+_REMEMBERED_TRANSACTIONS = 100_000
 
 
-class CheckResponder(ConsumerRebalanceListener):
+class _Latest:
+    """Per transaction, the highest check number taken (bounded: oldest forgotten first)."""
+
+    def __init__(self, capacity: int = _REMEMBERED_TRANSACTIONS) -> None:
+        self._numbers: OrderedDict[str, int] = OrderedDict()
+        self._capacity = capacity
+
+    def superseded(self, txid: str, number: int) -> bool:
+        return self._numbers.get(txid, 0) > number
+
+    def take(self, txid: str, number: int) -> bool:
+        """Record ``number`` as taken; False if it or a later one was taken already."""
+        if self._numbers.get(txid, 0) >= number:
+            return False
+        self._numbers[txid] = number
+        self._numbers.move_to_end(txid)
+        if len(self._numbers) > self._capacity:
+            self._numbers.popitem(last=False)
+        return True
+
+
+class _Rebalance(AsyncConsumerRebalanceListener):
+    """Async, so that the commit on revocation can be awaited on kafka-python's IO thread."""
+
+    def __init__(self, responder: CheckResponder) -> None:
+        self._responder = responder
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        r, tps = self._responder, set(revoked)
+        # Let answers in flight finish so their offsets are committed while still ours (else
+        # the next owner answers the same check again: harmless, but wasted). This thread
+        # also heartbeats: stay well inside the session timeout.
+        session_s = r.consumer.config["session_timeout_ms"] / 1000
+        deadline = time.monotonic() + min(r.drain_timeout_s, session_s / 2)
+        while r.offsets.busy(tps) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        offsets = r.offsets.to_commit(tps)
+        if offsets:
+            try:
+                await r.consumer.commit_async(_commit_map(offsets))
+                r.offsets.committed(offsets)
+            except Exception as exc:  # the next owner answers those again
+                log.info("check offset commit of %s on revocation failed: %s", r.group_id, exc)
+        r.offsets.forget(tps)
+        r.assignment = frozenset(r.assignment - tps)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        r = self._responder
+        r.offsets.forget(set(assigned))
+        r.assignment = frozenset(r.assignment | set(assigned))
+        r.latest = _Latest()  # what is read again from the committed offsets is answered
+        r.joined.set()
+        log.info("check consumer %s assigned %s", r.group_id,
+                 sorted(tp.partition for tp in assigned))
+
+
+def _commit_map(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
+
+
+class CheckResponder:
     """The check-answering loop of one producer (started and stopped by it)."""
 
     def __init__(
@@ -109,42 +114,50 @@ class CheckResponder(ConsumerRebalanceListener):
         topic: str,
         group_id: str,
         settings: KafkaSettings,
+        role: str = "checker",
         answer: Answer,
         executor: Executor,
         connect_timeout_ms: int,
         drain_timeout_s: float,
+        grace_ms: int = 10_000,
         poll_timeout_ms: int = 100,
         consumer_options: dict[str, Any] | None = None,
     ) -> None:
         self.topic = topic
         self.group_id = group_id
+        self._role = role  # named in the consumer's client id
         self._settings = settings
         self._answer = answer
         self._executor = executor
         self._connect_timeout_ms = connect_timeout_ms
-        self._drain_timeout_s = drain_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self._grace_ms = grace_ms
         self._poll_timeout_ms = poll_timeout_ms
         self._consumer_options = consumer_options or {}
-        self._offsets = _Offsets()
+        self.offsets = OffsetTracker()
+        self.latest = _Latest()
         self._futures: set[Future[None]] = set()
         self._futures_lock = threading.Lock()
-        self._assignment: frozenset[TopicPartition] = frozenset()
+        self.assignment: frozenset[TopicPartition] = frozenset()
+        self.joined = threading.Event()  # the group join completed once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumer: Any = None
+        self.consumer: Any = None
         self.answered = 0  # checks answered and acknowledged (for metrics and tests)
+        self.skipped = 0  # superseded requests not answered
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._consumer = make_consumer(
+        self.consumer = make_consumer(
             self._settings,
+            role=self._role,
             group_id=self.group_id,
             bootstrap_timeout_ms=self._connect_timeout_ms,
             max_poll_records=200,
             **self._consumer_options,
         )
-        self._consumer.subscribe([self.topic], listener=self)
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         self._thread = threading.Thread(
             target=self._run, name=f"txstream-check-{self.group_id}", daemon=True
         )
@@ -157,33 +170,10 @@ class CheckResponder(ConsumerRebalanceListener):
             self._thread.join()
             self._thread = None
 
-    @property
-    def assignment(self) -> frozenset[TopicPartition]:
-        return self._assignment
-
-    # --- rebalance callbacks (called inside poll, on the polling thread) ----------------------
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        tps = set(revoked)
-        # Let answers in flight finish so their offsets are committed while still ours;
-        # otherwise the next owner answers the same check again (harmless, but wasted).
-        deadline = time.monotonic() + self._drain_timeout_s
-        while self._offsets.busy(tps) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._commit(tps)
-        self._offsets.forget(tps)
-        self._assignment = frozenset(self._assignment - tps)
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self._offsets.forget(set(assigned))
-        self._assignment = frozenset(self._assignment | set(assigned))
-        log.info("check consumer %s assigned %s", self.group_id, sorted(tp.partition
-                                                                      for tp in assigned))
-
     # --- the polling thread -------------------------------------------------------------------
 
     def _run(self) -> None:
-        consumer = self._consumer
+        consumer = self.consumer
         try:
             while not self._stop.is_set():
                 try:
@@ -202,69 +192,121 @@ class CheckResponder(ConsumerRebalanceListener):
                     self._stop.wait(1.0)
         finally:
             self._drain()
+            self._finish_joining()
             try:
                 consumer.close()
             except Exception:
                 log.warning("closing the check consumer of %s failed", self.group_id,
                             exc_info=True)
 
+    def _finish_joining(self) -> None:
+        """A member that leaves while its join is in flight can stay in the group for good on
+        some brokers (tansu completes the join after the leave and never expires the member),
+        and no other producer of the group is then assigned anything. So a producer stopped
+        right after it started completes its join first, then leaves (bounded)."""
+        if self.joined.is_set():
+            return
+        deadline = time.monotonic() + self.consumer.config["session_timeout_ms"] / 1000 + 5
+        for tp in self.consumer.assignment():  # take nothing more: the next owner will
+            self.consumer.pause(tp)
+        while not self.joined.is_set() and time.monotonic() < deadline:
+            try:
+                self.consumer.poll(timeout_ms=100, max_records=1)
+                self.consumer.pause(*self.consumer.assignment())
+            except Exception as exc:
+                log.info("check consumer %s: joining before leaving failed: %s",
+                         self.group_id, exc)
+                return
+
     def _take(self, tp: TopicPartition, records: list[Any]) -> bool:
-        """Submit ``records`` in order; return True if the executor refused one."""
+        """Submit ``records`` in order, skipping superseded ones; return True if the executor
+        refused one."""
+        requests: list[tuple[int, CheckRequest | None]] = []
         for rec in records:
             try:
-                msg, check_times = decode_check(rec.key, rec.value, rec.headers)
+                requests.append((rec.offset, decode_check(rec.key, rec.value, rec.headers)))
             except MalformedRecord as exc:
                 log.warning("skipping malformed check request %s-%d@%d: %s",
                             rec.topic, rec.partition, rec.offset, exc.reason)
-                if not self._offsets.take(tp, rec.offset, inflight=False):
-                    return False
+                requests.append((rec.offset, None))
+        newest: dict[str, int] = {}
+        for _, req in requests:
+            if req is not None and req.message.transaction_id:
+                txid = req.message.transaction_id
+                newest[txid] = max(newest.get(txid, 0), req.check_times)
+        now = int(time.time() * 1000)
+        for offset, req in requests:
+            if req is None or not self._current(req, newest, now):
+                if not self.offsets.take(tp, offset, inflight=False):
+                    return False  # an earlier answer failed: rewind before going on
                 continue
-            if not self._offsets.take(tp, rec.offset):
-                return False  # an earlier answer failed: rewind before going on
-            try:
-                future = self._executor.submit(self._answer_one, tp, rec.offset, msg, check_times)
-            except Exception as exc:  # full (RejectedExecution) or shut down
-                log.info("check executor refused %s (%s); will fetch it again",
-                         msg.transaction_id, exc)
-                self._offsets.finish(tp, rec.offset, ok=True)
-                self._offsets.rewind(tp, rec.offset)
-                self._consumer.seek(tp, rec.offset)
+            if not self.offsets.take(tp, offset):
+                return False
+            if not self._submit(tp, offset, req):
                 return True
-            with self._futures_lock:
-                self._futures.add(future)
-            future.add_done_callback(self._forget_future)
         return False
+
+    def _current(self, req: CheckRequest, newest: dict[str, int], now: int) -> bool:
+        txid = req.message.transaction_id or ""
+        expired = req.valid_until is not None and now > req.valid_until + self._grace_ms
+        if expired or req.check_times < newest.get(txid, 0) or not self.latest.take(
+                txid, req.check_times):
+            log.debug("skipping superseded check %d of %s", req.check_times, txid)
+            self.skipped += 1
+            return False
+        return True
+
+    def _submit(self, tp: TopicPartition, offset: int, req: CheckRequest) -> bool:
+        epoch = self.offsets.epoch(tp)
+        try:
+            future = self._executor.submit(self._answer_one, tp, offset, epoch, req)
+        except Exception as exc:  # full (RejectedExecution) or shut down
+            log.info("check executor refused %s (%s); will fetch it again",
+                     req.message.transaction_id, exc)
+            self.offsets.finish(tp, offset, ok=True)
+            self.offsets.rewind(tp, offset)
+            self.latest = _Latest()  # it will be read again: do not take it for a repeat
+            self.consumer.seek(tp, offset)
+            return False
+        with self._futures_lock:
+            self._futures.add(future)
+        future.add_done_callback(self._forget_future)
+        return True
 
     def _forget_future(self, future: Future[None]) -> None:
         with self._futures_lock:
             self._futures.discard(future)
 
-    def _answer_one(self, tp: TopicPartition, offset: int, msg: Message, check_times: int) -> None:
+    def _answer_one(self, tp: TopicPartition, offset: int, epoch: int, req: CheckRequest
+                    ) -> None:
         ok = False
         try:
-            self._answer(msg, check_times)
+            self._answer(req.message, req.check_times)
             ok = True
             with self._futures_lock:
                 self.answered += 1
         except Exception as exc:
             log.warning("answer to check %d of %s not acknowledged (%s); will retry",
-                        check_times, msg.transaction_id, exc)
+                        req.check_times, req.message.transaction_id, exc)
         finally:
-            self._offsets.finish(tp, offset, ok)
+            self.offsets.finish(tp, offset, ok, epoch)
 
     def _rewind_failed(self) -> None:
-        for tp, offset in self._offsets.pop_failed().items():
-            if tp in self._assignment:
-                self._consumer.seek(tp, offset)
-                self._offsets.rewind(tp, offset)
+        failed = self.offsets.pop_failed()
+        if failed:
+            self.latest = _Latest()  # read again: answered again
+        for tp, offset in failed.items():
+            if tp in self.assignment:
+                self.consumer.seek(tp, offset)
+                self.offsets.rewind(tp, offset)
 
-    def _commit(self, tps: set[TopicPartition] | None = None) -> None:
-        offsets = self._offsets.to_commit(tps)
+    def _commit(self) -> None:
+        offsets = self.offsets.to_commit(set(self.assignment))
         if not offsets:
             return
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
-            self._offsets.committed(offsets)
+            self.consumer.commit(_commit_map(offsets))
+            self.offsets.committed(offsets)
         except Exception as exc:  # a rebalance in progress: the next owner answers again
             log.info("check offset commit for %s failed: %s", self.group_id, exc)
 
@@ -279,5 +321,5 @@ class CheckResponder(ConsumerRebalanceListener):
         cancelled = [f for f in futures if f.cancelled()]
         if cancelled:
             log.info("shutdown: %d queued check(s) left to other producers", len(cancelled))
-        wait_futures(waiting, timeout=self._drain_timeout_s)
+        wait_futures(waiting, timeout=self.drain_timeout_s)
         self._commit()

@@ -1,64 +1,73 @@
-"""RocketMQ's ``DefaultMQPushConsumer`` (clustering mode) over Kafka.
+"""RocketMQ's ``DefaultMQPushConsumer`` (clustering mode, concurrent listener) over Kafka.
 
-At-least-once: a record's offset is committed only once its message was consumed, filtered
-out, dropped as a duplicate, or durably handed to the retry or dead-letter topic. The listener
-runs on one thread, in partition order; a failed message does not hold up its partition, it
-comes back from the group's retry topic after its delay (:mod:`client.retry`).
+One thread polls the Kafka consumer (kafka-python's consumer is not thread-safe) and hands
+batches of up to ``consume_batch_max_size`` messages to a thread pool, as Java's
+``ConsumeMessageConcurrentlyService`` does (:mod:`client.consume_service`).
+
+At-least-once: a partition's offset is committed only up to its lowest message not yet
+consumed, filtered out, dropped as a duplicate or durably handed to the retry or dead-letter
+topic (:mod:`client.offsets`); a message consumed out of order never lets an earlier one's
+offset be committed. A failed message does not hold up its partition: it comes back from the
+group's retry topic after its delay (:mod:`client.retry`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, TopicPartition
-from kafka.structs import OffsetAndMetadata
+from kafka import TopicPartition
 
+from client.consume_from import ConsumeFromWhere, StartPositions
+from client.consume_partitions import Partitions, Rebalance, commit_map, wait_jobs
+from client.consume_pool import ConsumePool
+from client.consume_service import ConsumeService, Item, decode
 from client.dedup import DedupCache
-from client.listener import ConsumeStatus, MessageListener
+from client.listener import MessageListener
+from client.offsets import OffsetTracker
 from client.options import now_ms, producer_options, resolve_settings, timeout_ms
-from client.retry import (
-    DLQ_PREFIX,
-    RETRY_PREFIX,
-    ROCKETMQ_DELAYS_S,
-    RetryHeaders,
-    Subscription,
-    dead_letter_record,
-    retry_delay_s,
-    retry_record,
-)
+from client.retry import DLQ_PREFIX, RETRY_PREFIX, ROCKETMQ_DELAYS_S, RetryHeaders, Subscription
 from txstream.errors import ClientStateError, ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
-from txstream.message import Message
 from txstream.topics import validate_group, validate_topic
-from txstream.wire import Record, decode_visible, header_dict
+from txstream.wire import header_dict
 
 __all__ = ["PushConsumer"]
 
 log = logging.getLogger(__name__)
 
-_Item = tuple[Any, Message]  # (ConsumerRecord, decoded message)
 
-
-class _Redeliver(Exception):
-    """A chunk could not be handed to the retry topic: fetch it again from ``offset``."""
-
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
-
-
-class PushConsumer(ConsumerRebalanceListener):
+class PushConsumer:
     """A push consumer of one consumer group (a Kafka consumer group of the same name).
 
-    Options (keyword only): ``kafka`` or its pieces; ``topic_prefix`` (prefixes the retry and
-    dead-letter topics); ``max_reconsume_times`` (16); ``retry_delay_s`` (one delay or one per
-    attempt; default RocketMQ's 10 s .. 2 h); ``consume_batch_max_size`` (1);
+    Options (keyword only): ``kafka`` or its pieces, ``kafka_config`` (a properties file) and
+    ``kafka_properties`` (Kafka's names), as for TransactionProducer; ``topic_prefix``
+    (prefixes the retry and dead-letter topics); ``max_reconsume_times`` (16);
+    ``retry_delay_s`` (one delay or one per attempt; default RocketMQ's 10 s .. 2 h);
+    ``consume_thread_min`` / ``consume_thread_max`` (20 / 20): the listener's threads;
+    ``consume_batch_max_size`` (1): messages per listener call;
+    ``pull_threshold_for_queue`` (1000): a partition stops being fetched while this many of
+    its messages are taken and not yet consumed; ``consume_concurrently_max_span`` (2000):
+    ... or while its oldest message not yet consumed is this far behind the newest taken;
+    ``consume_from_where`` (``CONSUME_FROM_LAST_OFFSET``) and ``consume_timestamp`` (epoch
+    ms; default half an hour before start, as Java): where the group starts reading a
+    partition it has no committed offset for (:mod:`client.consume_from`);
+    ``drain_timeout_s`` (30): how long shutdown waits for the listener calls running;
     ``dedup_capacity`` / ``dedup_ttl_s`` (100000 ids / 1 h); ``send_timeout_s``;
-    ``connect_timeout_s``; ``poll_timeout_s``. A new group starts at the earliest offset.
+    ``connect_timeout_s``; ``poll_timeout_s``.
+
+    Messages of one partition are consumed concurrently, not in order, as with Java's
+    ``MessageListenerConcurrently``; ``consume_thread_min=consume_thread_max=1`` consumes them
+    one at a time in partition order. A rebalance waits (a few seconds at most) for the
+    messages of revoked partitions being consumed, commits, and leaves the rest, not started,
+    to the partitions' next owner; so does shutdown, for ``drain_timeout_s``.
+
+    RocketMQ's ``%RETRY%<group>`` and ``%DLQ%<group>`` are ``TXSTREAM_RETRY_<group>`` and
+    ``TXSTREAM_DLQ_<group>`` here (Kafka topic names cannot hold ``%``), after the
+    ``topic_prefix``: ``retry_topic`` and ``dlq_topic``.
     """
 
     def __init__(
@@ -70,7 +79,14 @@ class PushConsumer(ConsumerRebalanceListener):
         topic_prefix: str = "",
         max_reconsume_times: int = 16,
         retry_delay_s: float | Sequence[float] | None = None,
+        consume_thread_min: int = 20,
+        consume_thread_max: int = 20,
         consume_batch_max_size: int = 1,
+        pull_threshold_for_queue: int = 1000,
+        consume_concurrently_max_span: int = 2000,
+        consume_from_where: ConsumeFromWhere | str = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        consume_timestamp: int | None = None,
+        drain_timeout_s: float = 30.0,
         dedup_capacity: int = 100_000,
         dedup_ttl_s: float = 3600.0,
         send_timeout_s: float = 3.0,
@@ -85,29 +101,33 @@ class PushConsumer(ConsumerRebalanceListener):
             self.dlq_topic = validate_topic(f"{topic_prefix}{DLQ_PREFIX}{consumer_group}")
         except ConfigError as exc:
             raise ConfigError(f"group and topic prefix too long or invalid: {exc}") from None
-        if max_reconsume_times < 0 or consume_batch_max_size < 1:
-            raise ConfigError("max_reconsume_times must be >= 0, consume_batch_max_size >= 1")
-        if retry_delay_s is None:
-            delays: tuple[float, ...] = ROCKETMQ_DELAYS_S
-        elif isinstance(retry_delay_s, (int, float)):
-            delays = (float(retry_delay_s),)
-        else:
-            delays = tuple(float(d) for d in retry_delay_s)
-        if not delays or any(d < 0 for d in delays):
-            raise ConfigError("retry delays must be non-negative seconds")
+        _check_counts(max_reconsume_times=(max_reconsume_times, 0),
+                      consume_thread_min=(consume_thread_min, 1),
+                      consume_batch_max_size=(consume_batch_max_size, 1),
+                      pull_threshold_for_queue=(pull_threshold_for_queue, 1),
+                      consume_concurrently_max_span=(consume_concurrently_max_span, 1))
+        _check_counts(consume_thread_max=(consume_thread_max, consume_thread_min))
         self.max_reconsume_times = max_reconsume_times
-        self._delays = delays
+        self._delays = _delays(retry_delay_s)
+        self.consume_thread_min, self.consume_thread_max = consume_thread_min, consume_thread_max
         self._batch_max = consume_batch_max_size
+        self.consume_from_where = ConsumeFromWhere.of(consume_from_where)
+        self.consume_timestamp = consume_timestamp
+        self._drain_s = timeout_ms(drain_timeout_s, "drain_timeout_s") / 1000
         self._dedup = DedupCache(dedup_capacity, dedup_ttl_s)
         self._send_timeout_ms = timeout_ms(send_timeout_s, "send_timeout_s")
         self._connect_timeout_ms = timeout_ms(connect_timeout_s, "connect_timeout_s")
         self._poll_timeout_ms = timeout_ms(poll_timeout_s, "poll_timeout_s")
         self._subs: dict[str, Subscription] = {}
         self._listener: MessageListener | None = None
-        self._paused: dict[TopicPartition, int] = {}  # retry partition -> due (epoch ms)
-        self._assignment: frozenset[TopicPartition] = frozenset()
+        self._offsets = OffsetTracker()
+        self._parts = Partitions(self._offsets, pull_threshold_for_queue,
+                                 consume_concurrently_max_span)
         self._consumer: Any = None
         self._producer: Any = None
+        self._pool: ConsumePool | None = None
+        self._service: ConsumeService | None = None
+        self._starts: StartPositions | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._started = False
@@ -125,7 +145,8 @@ class PushConsumer(ConsumerRebalanceListener):
         self._subs[topic] = Subscription(topic, expression or "*")
 
     def register_message_listener(self, listener: MessageListener) -> None:
-        """``listener(messages)`` returns CONSUME_SUCCESS or RECONSUME_LATER."""
+        """``listener(messages)`` returns CONSUME_SUCCESS or RECONSUME_LATER. It is called
+        from several threads at once (``consume_thread_max``)."""
         self._require_not_started("register a listener")
         if not callable(listener):
             raise ConfigError("the message listener must be callable")
@@ -133,7 +154,8 @@ class PushConsumer(ConsumerRebalanceListener):
 
     @property
     def assignment(self) -> frozenset[TopicPartition]:
-        return self._assignment
+        """The partitions this consumer reads (assigned, and where to start found)."""
+        return self._parts.reading
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -143,21 +165,33 @@ class PushConsumer(ConsumerRebalanceListener):
             raise ClientStateError("subscribe to a topic before start()")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
-        self._producer = make_producer(
-            self.settings,
-            **producer_options(self.settings, self._send_timeout_ms, self._connect_timeout_ms),
-        )
+        role = f"consumer-{self.consumer_group}"
+        self._producer = make_producer(self.settings, role=role, **producer_options(
+            self.settings, self._send_timeout_ms, self._connect_timeout_ms))
         try:
             self._consumer = make_consumer(
-                self.settings,
-                group_id=self.consumer_group,
+                self.settings, role=role, group_id=self.consumer_group,
                 bootstrap_timeout_ms=self._connect_timeout_ms,
                 max_poll_records=max(100, self._batch_max),
             )
-            self._consumer.subscribe([*self._subs, self.retry_topic], listener=self)
+            self._service = ConsumeService(
+                group=self.consumer_group, listener=self._listener, producer=self._producer,
+                offsets=self._offsets, retry_topic=self.retry_topic, dlq_topic=self.dlq_topic,
+                delays=self._delays, max_reconsume_times=self.max_reconsume_times,
+                dedup=self._dedup, send_timeout_ms=self._send_timeout_ms, stats=self.stats)
+            self._consumer.subscribe([*self._subs, self.retry_topic], listener=Rebalance(
+                self._consumer, self._parts, drain_s=self._drain_s, group=self.consumer_group,
+                release=self._service.release))
         except BaseException:
             self._producer.close(timeout=1)
             raise
+        timestamp = self.consume_timestamp
+        self._starts = StartPositions(
+            self.settings, self.consume_from_where,
+            now_ms() - 30 * 60 * 1000 if timestamp is None else timestamp,
+            role=f"{role}-start", timeout_s=self._connect_timeout_ms / 1000)
+        self._pool = ConsumePool(self.consume_thread_min, self.consume_thread_max,
+                                 f"ConsumeMessageThread_{self.consumer_group}").start()
         self._started = True
         self._thread = threading.Thread(
             target=self._run, name=f"txstream-consumer-{self.consumer_group}", daemon=True
@@ -166,7 +200,9 @@ class PushConsumer(ConsumerRebalanceListener):
         return self
 
     def shutdown(self) -> None:
-        """Finish the messages being consumed, commit, leave the group. Idempotent."""
+        """Stop fetching, wait for the listener calls running (``drain_timeout_s``), commit,
+        leave the group. Messages fetched but not started go to the group's next owner of
+        their partition. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -190,182 +226,177 @@ class PushConsumer(ConsumerRebalanceListener):
         if self._started or self._stop.is_set():
             raise ClientStateError(f"cannot {what}: consumer {self.consumer_group} was started")
 
-    # --- rebalance callbacks (inside poll, on the consumer thread) -----------------------------
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        # Nothing is in flight here: every polled record was handled and committed first.
-        for tp in revoked:
-            self._paused.pop(tp, None)
-        self._assignment = frozenset(self._assignment - set(revoked))
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self._assignment = frozenset(self._assignment | set(assigned))
-
-    # --- the consumer thread ------------------------------------------------------------------
+    # --- the polling thread -------------------------------------------------------------------
 
     def _run(self) -> None:
-        consumer = self._consumer
         try:
             while not self._stop.is_set():
                 try:
-                    self._resume_due()
-                    batch = consumer.poll(timeout_ms=self._poll_timeout_ms)
+                    self._rewind_failed()
+                    self._position_new()
+                    self._apply_pauses()
+                    self._commit()
+                    batch = self._consumer.poll(timeout_ms=self._poll_timeout_ms)
+                    for tp, records in batch.items():
+                        if tp in self._parts.reading and not self._stop.is_set():
+                            self._dispatch(tp, records)
                 except Exception:
-                    log.exception("consumer %s poll failed; retrying", self.consumer_group)
+                    # Keep consuming: what was not taken is fetched again.
+                    log.exception("consumer %s failed; retrying", self.consumer_group)
                     self._stop.wait(1.0)
-                    continue
-                for tp, records in batch.items():
-                    if self._stop.is_set():
-                        break  # not committed: fetched again by whoever owns it next
-                    self._handle(tp, records)
         finally:
+            self._close()
+
+    def _close(self) -> None:
+        assert self._pool is not None and self._starts is not None
+        self._pool.shutdown()  # not started: left uncommitted, for the group's next owner
+        wait_jobs(self._parts.jobs_of(), self._drain_s)
+        self._commit()
+        for what, close in (("consumer", self._consumer.close), ("reader", self._starts.close)):
             try:
-                consumer.close()
+                close()
             except Exception:
-                log.warning("closing consumer %s failed", self.consumer_group, exc_info=True)
+                log.warning("closing the %s of %s failed", what, self.consumer_group,
+                            exc_info=True)
 
-    def _resume_due(self) -> None:
-        now = now_ms()
-        for tp, due in list(self._paused.items()):
-            if due <= now:
-                del self._paused[tp]
-                if tp in self._assignment:
-                    self._consumer.resume(tp)
-
-    def _handle(self, tp: TopicPartition, records: list[Any]) -> None:
+    def _dispatch(self, tp: TopicPartition, records: list[Any]) -> None:
         is_retry = tp.topic == self.retry_topic
-        sub = self._subs.get(tp.topic)
-        chunk: list[_Item] = []
-        done: int | None = None  # the offset to commit: every record before it is handled
+        sub = None if is_retry else self._subs.get(tp.topic)
+        epoch = self._offsets.epoch(tp)
+        chunk: list[Item] = []
         try:
             for rec in records:
-                if is_retry and self._not_due(tp, rec):
+                if (is_retry and self._not_due(tp, rec)) or self._parts.full(tp, rec.offset):
+                    self._consumer.seek(tp, rec.offset)  # fetched again when it may be taken
                     break
-                try:
-                    msg = self._decode(rec, is_retry)
-                except MalformedRecord as exc:
-                    self._consume(chunk)
+                if not self._take(tp, rec, is_retry, sub, chunk):
+                    break  # a failed message waits to be fetched again first
+                if len(chunk) >= self._batch_max:
+                    self._submit(tp, epoch, chunk)
                     chunk = []
-                    try:
-                        self._dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
-                    except SendFailed:
-                        raise _Redeliver(rec.offset) from None
-                    done = rec.offset + 1
-                    continue
-                if sub is not None and not is_retry and not sub.matches(msg.tags):
-                    self.stats["filtered"] += 1
-                elif msg.msg_id is not None and (
-                    msg.msg_id in self._dedup or any(m.msg_id == msg.msg_id for _, m in chunk)
-                ):
-                    self.stats["duplicates"] += 1
-                    log.debug("duplicate %s dropped", msg.msg_id)
-                else:
-                    chunk.append((rec, msg))
-                    if len(chunk) >= self._batch_max:
-                        self._consume(chunk)
-                        chunk = []
-                done = rec.offset + 1
-            self._consume(chunk)
-        except Exception as exc:
-            if isinstance(exc, _Redeliver):
-                offset = exc.offset
-            else:  # a bug or a lost broker: never skip what was not handled
-                log.exception("consumer %s failed on %s; fetching again", self.consumer_group,
-                              tp)
-                offset = chunk[0][0].offset if chunk else (
-                    done if done is not None else records[0].offset)
-            self._consumer.seek(tp, offset)
-            done = offset
-            time.sleep(0.2)  # do not spin on a failing write
-        if done is not None:
-            self._commit(tp, done)
+        except Exception:  # a bug or a lost broker: never skip what was not taken
+            log.exception("consumer %s failed on %s; fetching again", self.consumer_group, tp)
+            nxt = self._offsets.pending(tp)[2]
+            self._consumer.seek(tp, records[0].offset if nxt is None else nxt)
+        finally:
+            self._submit(tp, epoch, chunk)
+
+    def _take(self, tp: TopicPartition, rec: Any, is_retry: bool, sub: Subscription | None,
+              chunk: list[Item]) -> bool:
+        """Take ``rec``: into ``chunk`` to be consumed, or handled here; False if refused."""
+        assert self._service is not None
+        try:
+            msg = decode(rec, is_retry)
+        except MalformedRecord as exc:
+            return self._dead_letter_malformed(tp, rec, exc)
+        if sub is not None and not sub.matches(msg.tags):
+            self._service.count("filtered")
+            return self._offsets.take(tp, rec.offset, inflight=False)
+        if not self._service.claim(msg.msg_id):
+            self._service.count("duplicates")
+            log.debug("duplicate %s dropped", msg.msg_id)
+            return self._offsets.take(tp, rec.offset, inflight=False)
+        if not self._offsets.take(tp, rec.offset):
+            self._service.release([msg.msg_id])
+            return False
+        chunk.append((rec, msg))
+        return True
+
+    def _dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
+                               ) -> bool:
+        assert self._service is not None
+        if not self._offsets.take(tp, rec.offset):
+            return False
+        try:
+            self._service.dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
+        except SendFailed:
+            self._offsets.finish(tp, rec.offset, False)  # rewound, and dead-lettered again
+            return False
+        self._offsets.finish(tp, rec.offset, True)
+        return True
+
+    def _submit(self, tp: TopicPartition, epoch: int, chunk: list[Item]) -> None:
+        if not chunk:
+            return
+        assert self._pool is not None and self._service is not None
+        service = self._service
+        self._pool.submit(self._parts.job(tp, lambda: service.consume(tp, epoch, chunk),
+                                          [m.msg_id for _, m in chunk]))
 
     def _not_due(self, tp: TopicPartition, rec: Any) -> bool:
         try:
             due = int(header_dict(rec.headers).get(RetryHeaders.DUE_MS) or 0)
         except (MalformedRecord, ValueError):
-            return False  # undecodable: handled (dead-lettered) as malformed below
+            return False  # undecodable: handled (dead-lettered) as malformed
         if due <= now_ms():
             return False
-        # Fetch it again when due; later retry records are due no earlier, roughly.
-        self._consumer.seek(tp, rec.offset)
-        self._consumer.pause(tp)
-        self._paused[tp] = due
+        self._parts.due[tp] = due  # later retry records are due no earlier, roughly
         return True
 
-    def _decode(self, rec: Any, is_retry: bool) -> Message:
-        topic, reconsume = rec.topic, 0
-        if is_retry:
-            h = header_dict(rec.headers)
-            topic = h.get(RetryHeaders.ORIGIN_TOPIC) or ""
-            if not topic:
-                raise MalformedRecord(f"retry record without {RetryHeaders.ORIGIN_TOPIC}")
-            try:
-                reconsume = int(h.get(RetryHeaders.RECONSUME_TIMES) or 0)
-            except ValueError:
-                raise MalformedRecord(f"bad {RetryHeaders.RECONSUME_TIMES}") from None
-        msg = decode_visible(topic, rec.key, rec.value, rec.headers)
-        for name in RetryHeaders.ALL:
-            msg.properties.pop(name, None)
-        msg.reconsume_times = reconsume
-        msg.queue_id, msg.queue_offset = rec.partition, rec.offset
-        return msg
+    def _apply_pauses(self) -> None:
+        want = self._parts.to_pause(now_ms())
+        paused = set(self._consumer.paused())
+        if want - paused:
+            self._consumer.pause(*(want - paused))
+        if paused - want:
+            self._consumer.resume(*(paused - want))
 
-    def _consume(self, chunk: list[_Item]) -> None:
-        if not chunk:
+    def _position_new(self) -> None:
+        new = self._parts.unpositioned
+        if not new:
             return
-        msgs = [m for _, m in chunk]
-        assert self._listener is not None
+        assert self._starts is not None
         try:
-            status = self._listener(msgs)
-        except Exception:
-            log.exception("message listener of %s failed on %s; reconsume later",
-                          self.consumer_group, [m.msg_id for m in msgs])
-            status = ConsumeStatus.RECONSUME_LATER
-        if status == ConsumeStatus.CONSUME_SUCCESS:
-            self._dedup.add(m.msg_id for m in msgs)
-            self.stats["consumed"] += len(msgs)
-            return
-        if status != ConsumeStatus.RECONSUME_LATER:
-            log.warning("message listener of %s returned %r; reconsume later",
-                        self.consumer_group, status)
-        for rec, msg in chunk:
-            try:
-                self._redeliver(rec, msg)
-            except SendFailed as exc:
-                log.warning("cannot hand %s to the retry topic: %s", msg.msg_id, exc)
-                raise _Redeliver(chunk[0][0].offset) from None
-
-    def _redeliver(self, rec: Any, msg: Message) -> None:
-        attempt = msg.reconsume_times + 1
-        if attempt > self.max_reconsume_times:
-            reason = (f"not consumed after {attempt} deliveries "
-                      f"(max_reconsume_times={self.max_reconsume_times})")
-            self._dead_letter(rec, msg.topic, msg.reconsume_times, reason)
-            self._dedup.add([msg.msg_id])
-            return
-        due = now_ms() + int(retry_delay_s(self._delays, attempt) * 1000)
-        self._send(retry_record(self.retry_topic, rec.key, rec.value, rec.headers or (),
-                                msg.topic, attempt, due))
-        self.stats["retried"] += 1
-
-    def _dead_letter(self, rec: Any, origin: str, reconsume: int, reason: str) -> None:
-        log.warning("dead-lettering %s-%d@%d to %s: %s", rec.topic, rec.partition, rec.offset,
-                    self.dlq_topic, reason)
-        self._send(dead_letter_record(self.dlq_topic, rec.key, rec.value, rec.headers or (),
-                                      origin, rec.partition, rec.offset, reconsume, reason))
-        self.stats["dead_lettered"] += 1
-
-    def _send(self, record: Record) -> None:
-        try:
-            self._producer.send(record.topic, key=record.key, value=record.value,
-                                headers=list(record.headers)).get(
-                timeout=self._send_timeout_ms / 1000 + 1)
+            starts = self._starts.starts(self._consumer, new, self.retry_topic)
         except Exception as exc:
-            raise SendFailed(f"{record.topic}: {type(exc).__name__}: {exc}") from exc
+            log.warning("consumer %s cannot find where to start %s (%s); trying again",
+                        self.consumer_group, sorted(new), exc)
+            return
+        for tp, offset in starts.committed.items():
+            self._consumer.seek(tp, offset)
+            self._offsets.rewind(tp, offset)
+            self._offsets.committed({tp: offset})
+        for tp, offset in starts.chosen.items():
+            self._consumer.seek(tp, offset)
+            self._offsets.rewind(tp, offset)  # committed: a restart resumes there too
+        if starts.beginning:
+            self._consumer.seek_to_beginning(*starts.beginning)
+        self._parts.positioned(new)
+        log.info("consumer %s reads %s (%d started at %s)", self.consumer_group, sorted(new),
+                 len(starts.chosen), self.consume_from_where.name)
 
-    def _commit(self, tp: TopicPartition, offset: int) -> None:
+    def _rewind_failed(self) -> None:
+        for tp, offset in self._offsets.pop_failed().items():
+            if tp in self._parts.reading:
+                self._consumer.seek(tp, offset)
+                self._offsets.rewind(tp, offset)
+
+    def _commit(self) -> None:
+        offsets = self._offsets.to_commit(set(self._parts.reading))
+        if not offsets:
+            return
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(offset, "", -1)})
-        except Exception as exc:  # a rebalance took the partition: its next owner redelivers
-            log.info("offset commit %s@%d failed: %s", tp, offset, exc)
+            self._consumer.commit(commit_map(offsets))
+            self._offsets.committed(offsets)
+        except Exception as exc:  # a rebalance in progress: the next owner redelivers
+            log.info("offset commit of %s failed: %s", self.consumer_group, exc)
+
+
+def _check_counts(**counts: tuple[int, int]) -> None:
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            floor = "consume_thread_min" if name == "consume_thread_max" else least
+            raise ConfigError(f"{name} must be an integer >= {floor}, got {value!r}")
+
+
+def _delays(retry_delay_s: float | Sequence[float] | None) -> tuple[float, ...]:
+    if retry_delay_s is None:
+        return ROCKETMQ_DELAYS_S
+    if isinstance(retry_delay_s, (int, float)):
+        delays: tuple[float, ...] = (float(retry_delay_s),)
+    else:
+        delays = tuple(float(d) for d in retry_delay_s)
+    if not delays or any(d < 0 for d in delays):
+        raise ConfigError("retry delays must be non-negative seconds")
+    return delays
+

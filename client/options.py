@@ -1,8 +1,9 @@
 """Turning a client's keyword options into :class:`KafkaSettings` and :class:`Topics`.
 
 Both clients accept either a ready ``kafka=KafkaSettings(...)`` or its pieces
-(``security_protocol=``, ``sasl_username=``, ...); unset pieces come from ``TXSTREAM_*``
-environment variables, as for every other part of txstream.
+(``security_protocol=``, ``sasl_username=``, ...), a properties file (``kafka_config=``) and
+Kafka client properties (``kafka_properties={"linger.ms": 10}``); unset pieces come from the
+``TXSTREAM_*`` environment variables, as for every other part of txstream.
 """
 
 from __future__ import annotations
@@ -25,24 +26,32 @@ __all__ = [
     "timeout_ms",
 ]
 
-_KAFKA_FIELDS = frozenset(f.name for f in dataclasses.fields(KafkaSettings))
+_KAFKA_FIELDS = frozenset(f.name for f in dataclasses.fields(KafkaSettings)) - {"properties"}
 
 
 def resolve_settings(
     bootstrap_servers: str | None, kafka: KafkaSettings | None, pieces: dict[str, Any]
 ) -> KafkaSettings:
+    """A client's Kafka settings, setting by setting: ``kafka=`` (else the ``TXSTREAM_*``
+    variables and ``TXSTREAM_KAFKA_CONFIG``'s file) < ``kafka_config=`` (a properties file)
+    < ``kafka_properties=`` (Kafka's names) < the other pieces < ``bootstrap_servers``."""
+    pieces = dict(pieces)
+    config = pieces.pop("kafka_config", None)
+    properties = pieces.pop("kafka_properties", None)
     unknown = sorted(set(pieces) - _KAFKA_FIELDS)
     if unknown:
         raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)}; Kafka options are "
-            f"{', '.join(sorted(_KAFKA_FIELDS))}"
+            f"unknown option(s) {', '.join(unknown)}; Kafka options are kafka_config, "
+            f"kafka_properties, {', '.join(sorted(_KAFKA_FIELDS))}"
         )
     changes = {k: v for k, v in pieces.items() if v is not None}
     if bootstrap_servers:
         changes["bootstrap_servers"] = bootstrap_servers
     if kafka is not None:
-        return dataclasses.replace(kafka, **changes)
-    return KafkaSettings.from_env(**changes)
+        if config is None and properties is None:
+            return dataclasses.replace(kafka, **changes)
+        return kafka.with_properties(properties, file=config, **changes)
+    return KafkaSettings.from_properties(properties, file=config, env=True, **changes)
 
 
 def resolve_topics(topics: Topics | None, topic_prefix: str | None) -> Topics:

@@ -31,6 +31,7 @@ from client.options import (
 from client.validate import validate_message
 from txstream.errors import ClientStateError, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
+from txstream.kafka.provision import ensure_check_topic
 from txstream.message import EndEvent, Message
 from txstream.topics import Topics, validate_group
 from txstream.wire import Record, encode_end, encode_half
@@ -48,8 +49,10 @@ class SendStatus(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class TransactionSendResult:
-    """What ``send_message_in_transaction`` did. ``topic``/``partition``/``offset`` say where
-    the half message was stored (RocketMQ's message queue and queue offset).
+    """What ``send_message_in_transaction`` did. ``topic`` is the message's (real) topic;
+    ``half_topic`` / ``half_partition`` / ``half_offset`` say where its half message was
+    stored, as RocketMQ's result gives the half message's queue and queue offset
+    (``queue_id`` and ``queue_offset`` here too).
 
     ``end_acknowledged`` is False when the end event could not be written: the outcome is then
     settled by a back-check, as in RocketMQ when its one-way end request is lost.
@@ -60,23 +63,25 @@ class TransactionSendResult:
     transaction_id: str
     local_transaction_state: LocalTransactionState
     topic: str
-    partition: int
-    offset: int
+    half_topic: str
+    half_partition: int
+    half_offset: int
     end_acknowledged: bool = True
 
     @property
     def queue_id(self) -> int:
-        return self.partition
-
-    def __str__(self) -> str:  # RocketMQ's SendResult.toString(), for the examples and CLI
-        return (f"TransactionSendResult [sendStatus={self.send_status.value}, "
-                f"msgId={self.msg_id}, localTransactionState="
-                f"{self.local_transaction_state.value}, messageQueue={self.topic}-"
-                f"{self.partition}, queueOffset={self.offset}]")
+        return self.half_partition
 
     @property
     def queue_offset(self) -> int:
-        return self.offset
+        return self.half_offset
+
+    def __str__(self) -> str:  # RocketMQ's SendResult.toString(), for the examples and CLI
+        return (f"TransactionSendResult [sendStatus={self.send_status.value}, "
+                f"msgId={self.msg_id}, topic={self.topic}, localTransactionState="
+                f"{self.local_transaction_state.value}, messageQueue=MessageQueue "
+                f"[topic={self.half_topic}, queueId={self.half_partition}], "
+                f"queueOffset={self.half_offset}]")
 
 
 class _State(Enum):
@@ -90,12 +95,16 @@ class TransactionProducer:
 
     Options (keyword only):
       ``kafka`` (a :class:`KafkaSettings`) or its pieces (``security_protocol``,
-      ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``, ...);
+      ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``, ...), a
+      properties file ``kafka_config`` and ``kafka_properties`` (any Kafka client property by
+      Kafka's name; see :func:`client.options.resolve_settings` for which wins);
       ``topics`` (a :class:`Topics`) or ``topic_prefix``: the coordinator's system topics;
       ``send_timeout_s`` (3, RocketMQ's sendMsgTimeout): wait for each acknowledgement;
       ``connect_timeout_s`` (10): ``start()`` raises BrokerUnavailable after this;
       ``check_threads`` (2) / ``check_queue_size`` (2000): the default check executor;
-      ``answer_checks`` (True): join the group's check consumers.
+      ``answer_checks`` (True): join the group's check consumers;
+      ``check_grace_s`` (10): a check request this long past its ``CHECK_VALID_UNTIL`` is
+      superseded and not answered (room for the coordinator's clock to differ from this one).
     """
 
     def __init__(
@@ -113,6 +122,7 @@ class TransactionProducer:
         check_threads: int = 2,
         check_queue_size: int = 2000,
         answer_checks: bool = True,
+        check_grace_s: float = 10.0,
         **kafka_options: Any,
     ) -> None:
         self.producer_group = validate_group(producer_group)
@@ -126,6 +136,7 @@ class TransactionProducer:
         self._check_threads = check_threads
         self._check_queue_size = check_queue_size
         self._answer_checks = answer_checks
+        self._check_grace_ms = timeout_ms(check_grace_s, "check_grace_s")
         self._state = _State.CREATED
         self._lock = threading.Lock()
         self._producer: Any = None
@@ -173,10 +184,14 @@ class TransactionProducer:
                 raise ClientStateError("a transaction listener is required: set one before start()")
             producer = make_producer(
                 self.settings,
+                role=f"producer-{self.producer_group}",
                 **producer_options(self.settings, self._send_timeout_ms, self._connect_timeout_ms),
             )
             self._producer = producer
             try:
+                # Before anyone subscribes; also when not answering: the coordinator writes
+                # this group's back-checks there.
+                ensure_check_topic(self.settings, self.topics, self.producer_group)
                 if self._answer_checks:
                     if self._executor is None:
                         self._executor = BoundedExecutor(self._check_threads,
@@ -184,11 +199,13 @@ class TransactionProducer:
                     self._checker = CheckResponder(
                         topic=self.check_topic,
                         group_id=self.check_group_id,
+                        role=f"checker-{self.producer_group}",
                         settings=self.settings,
                         answer=self._answer_check,
                         executor=self._executor,
                         connect_timeout_ms=self._connect_timeout_ms,
                         drain_timeout_s=max(30.0, 3 * self._send_timeout_ms / 1000),
+                        grace_ms=self._check_grace_ms,
                     )
                     self._checker.start()
             except BaseException:
@@ -270,9 +287,10 @@ class TransactionProducer:
             msg_id=txid,
             transaction_id=txid,
             local_transaction_state=state,
-            topic=meta.topic,
-            partition=meta.partition,
-            offset=meta.offset,
+            topic=half.topic,
+            half_topic=meta.topic,
+            half_partition=meta.partition,
+            half_offset=meta.offset,
             end_acknowledged=end_ok,
         )
 

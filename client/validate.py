@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from txstream.errors import ConfigError, InvalidMessage
-from txstream.message import MAX_BODY_BYTES, Message
+from txstream.message import (
+    CHECK_IMMUNITY_PROPERTY,
+    MAX_BODY_BYTES,
+    Message,
+    immunity_seconds,
+)
 from txstream.topics import Topics, validate_topic
 from txstream.wire import RESERVED_HEADERS
 
@@ -37,6 +42,14 @@ def validate_message(msg: object, topics: Topics, max_body: int = MAX_BODY_BYTES
         raise InvalidMessage(f"tag {msg.tags!r} contains '||', which subscriptions split on")
     if not isinstance(msg.properties, dict):
         raise InvalidMessage("message properties must be a dict of text to text")
+    if CHECK_IMMUNITY_PROPERTY in msg.properties:
+        # Set as Java users set it (putUserProperty, or straight into the dict): it is the
+        # message's check immunity, written as its own header.
+        try:
+            msg.set_check_immunity_time(immunity_seconds(msg.properties[CHECK_IMMUNITY_PROPERTY]))
+        except ValueError as exc:
+            raise InvalidMessage(str(exc)) from None
+        del msg.properties[CHECK_IMMUNITY_PROPERTY]
     for name, value in msg.properties.items():
         if not isinstance(name, str) or not name or not isinstance(value, str):
             raise InvalidMessage(f"property {name!r}: names must be non-empty text, values text")

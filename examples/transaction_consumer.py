@@ -1,7 +1,8 @@
 """RocketMQ's transaction example, consumer side, on txstream.
 
 Subscribes to every tag of TranTest and prints each body; with the producer example and a
-running coordinator it prints "Hello RocketMQ 1", "4" and "7" (the committed ones).
+running coordinator it prints "Hello RocketMQ 1", "4" and "7" (the committed ones). The
+listener runs on a pool of threads (20, as Java's), so bodies may print in any order.
 
     python examples/transaction_consumer.py --bootstrap-servers 127.0.0.1:9092
 
@@ -17,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from client import ConsumeStatus, Message, PushConsumer, TxStreamError
+from client import ConsumeFromWhere, ConsumeStatus, Message, PushConsumer, TxStreamError
 
 __all__ = ["run", "main"]
 
@@ -39,6 +40,7 @@ def run(
     Returns how many messages were consumed.
     """
     consumed = 0
+    lock = threading.Lock()  # the listener is called from several threads at once
 
     def listener(msgs: Sequence[Message]) -> ConsumeStatus:
         nonlocal consumed
@@ -50,10 +52,16 @@ def run(
         except Exception as exc:
             out(f"failed: {exc!r}")
             return ConsumeStatus.RECONSUME_LATER  # try again later
-        consumed += len(msgs)
+        with lock:
+            consumed += len(msgs)
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(group, bootstrap_servers, topic_prefix=topic_prefix)
+    # start() returns before the group has joined (seconds on a small broker), and the
+    # producer may start right after: with RocketMQ's default, CONSUME_FROM_LAST_OFFSET, a
+    # message released in between would be skipped. A new group reading from the first offset
+    # misses none; a group that consumed before resumes at its committed offsets either way.
+    consumer = PushConsumer(group, bootstrap_servers, topic_prefix=topic_prefix,
+                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener)
     consumer.start()

@@ -2,7 +2,10 @@
 
 A task counts as done only once the broker acknowledged every record it sent (idempotent,
 acks=all); anything less raises :class:`SendFailed`, which fails the micro-batch so that it
-runs again from the checkpoint.
+runs again from the checkpoint. Except a record the broker refuses for what it is (too large,
+an invalid or forbidden topic): a replay would be refused again, and one record would stop the
+coordinator for good. Such a record goes to the dead-letter topic as a reference (where it was
+going, its id, size and the broker's reason), and the batch goes on.
 """
 
 from __future__ import annotations
@@ -14,30 +17,77 @@ from typing import Any
 
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, cached_client, drop_cached_client, make_producer
-from txstream.schema import OutputRow
+from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES, encode_reference, record_bytes
+from txstream.refusals import Code
+from txstream.schema import Kind, OutputRow
+from txstream.topics import Topics
+from txstream.wire import H, pack_headers
 
-__all__ = ["Delivery", "make_sink_producer", "wait_ms"]
+__all__ = ["Delivery", "make_sink_producer", "wait_ms", "refused_by_broker"]
 
 _MAX_ERRORS_SHOWN = 3
 # A prepared row: the output row with its headers unpacked for the producer.
 Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 
 
-def make_sink_producer(settings: KafkaSettings) -> Any:
+def make_sink_producer(settings: KafkaSettings,
+                       max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> Any:
     """The sink's producer: acks=all and idempotent like every txstream producer, tuned for
     writing thousands of records at once: kafka-python builds every record in Python on the
     caller's thread while its I/O thread competes for the GIL, and one request in flight with
     1 MiB batches cut its CPU per record by a quarter (docs/decisions/0011-kafka-client-tuning.md).
+    A batch never exceeds the largest message the broker takes, and a record that would is
+    refused before it is sent.
     """
-    return make_producer(settings, batch_size=1 << 20, max_in_flight_requests_per_connection=1)
+    return make_producer(settings, role="sink", batch_size=min(1 << 20, max_message_bytes),
+                         max_request_size=max_message_bytes,
+                         max_in_flight_requests_per_connection=1)
 
 
-def _producer_key(settings: KafkaSettings) -> tuple[str, str]:
-    return ("sink", repr(sorted(settings.as_dict().items())))
+def _producer_key(settings: KafkaSettings, limit: int) -> tuple[str, str, int]:
+    return ("sink", repr(sorted(settings.as_dict().items())), limit)
 
 
-def _producer(settings: KafkaSettings) -> Any:
-    return cached_client(_producer_key(settings), lambda: make_sink_producer(settings))
+class MissingTopic(Exception):
+    """The record's topic does not exist and the broker does not create topics on first use:
+    a producer would wait for its metadata until it gave up, batch after batch."""
+
+
+# Per process: topics known to exist, and whether the broker creates missing ones (None: it
+# does not tell, so Kafka's default, yes).
+_EXISTING: set[tuple[str, str]] = set()
+_AUTO_CREATE: dict[str, bool | None] = {}
+
+
+def _missing(settings: KafkaSettings, topic: str) -> bool:
+    """Whether ``topic`` is missing on a broker that will not create it."""
+    from txstream.kafka.provision import admin_client, broker_auto_create, topic_states
+
+    servers = settings.bootstrap_servers
+    if (servers, topic) in _EXISTING or _AUTO_CREATE.get(servers, False) is not False:
+        return False
+    with admin_client(settings) as admin:
+        if topic_states(admin, [topic])[topic].present:
+            _EXISTING.add((servers, topic))
+            return False
+        if servers not in _AUTO_CREATE:
+            _AUTO_CREATE[servers] = broker_auto_create(admin)
+    return _AUTO_CREATE[servers] is False
+
+
+def refused_by_broker(exc: BaseException | None) -> bool:
+    """Whether the broker (or the producer, checking as the broker would) refused a record for
+    what it is: sending it again would be refused again."""
+    from kafka.errors import (
+        InvalidRecordError,
+        InvalidTopicError,
+        MessageSizeTooLargeError,
+        RecordListTooLargeError,
+        TopicAuthorizationFailedError,
+    )
+
+    return isinstance(exc, (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError,
+                            InvalidRecordError, TopicAuthorizationFailedError, MissingTopic))
 
 
 def wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
@@ -56,12 +106,24 @@ class Delivery:
     end, in deadline order: waiting for it never delays the records behind it.
     """
 
-    def __init__(self, settings: KafkaSettings, flush_timeout_s: float) -> None:
+    def __init__(self, settings: KafkaSettings, flush_timeout_s: float,
+                 dead_letter_topic: str | None = None,
+                 max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> None:
         self.settings = settings
         self.flush_timeout_s = flush_timeout_s
-        self.futures: list[tuple[str, Any]] = []
+        self.dead_letter_topic = dead_letter_topic
+        self.limit = max_message_bytes
+        self.futures: list[tuple[Prepared, Any]] = []
         self.counts: Counter[str] = Counter()
         self.held: list[tuple[int, int, Prepared]] = []
+        self.refused: list[tuple[Prepared, BaseException]] = []
+
+    def _producer(self) -> Any:
+        return cached_client(_producer_key(self.settings, self.limit),
+                             lambda: make_sink_producer(self.settings, self.limit))
+
+    def _drop_producer(self) -> None:
+        drop_cached_client(_producer_key(self.settings, self.limit))
 
     def send(self, rows: Iterable[Prepared]) -> None:
         now: list[Prepared] = []
@@ -76,18 +138,28 @@ class Delivery:
     def _send_now(self, rows: list[Prepared]) -> None:
         topic = None
         try:
-            producer = _producer(self.settings)
-            for row, headers in rows:
+            producer = self._producer()
+            for prepared in rows:
+                row, headers = prepared
                 topic, key, value = row.topic, row.key, row.value
                 if key is None and value is None:
                     # kafka-python refuses such a record (Kafka does not): e.g. the dead letter
                     # of a keyless tombstone. An empty value is the nearest it can send.
                     value = b""
-                self.futures.append((topic, producer.send(topic, key=key, value=value,
-                                                          headers=headers)))
+                try:
+                    if _missing(self.settings, topic):
+                        raise MissingTopic(f"topic {topic} does not exist and the broker does "
+                                           "not create topics: txstream topics create")
+                    future = producer.send(topic, key=key, value=value, headers=headers)
+                except Exception as exc:
+                    if not refused_by_broker(exc):
+                        raise
+                    self.refused.append((prepared, exc))  # too large: refused before sending
+                    continue
+                self.futures.append((prepared, future))
                 self.counts[row.kind] += 1
         except Exception as exc:
-            drop_cached_client(_producer_key(self.settings))
+            self._drop_producer()
             raise SendFailed(f"sending record {len(self.futures) + 1} (topic {topic}) "
                              f"failed: {type(exc).__name__}: {exc}") from exc
 
@@ -99,24 +171,72 @@ class Delivery:
             self._send_now([prepared])
         self.held = []
 
-    def finish(self) -> dict[str, int]:
-        """Send what was held, flush; raise SendFailed unless the broker acknowledged every
-        record."""
-        self._send_held()
+    def _flush(self) -> None:
         try:
-            _producer(self.settings).flush(timeout=self.flush_timeout_s)
+            self._producer().flush(timeout=self.flush_timeout_s)
         except Exception as exc:
-            drop_cached_client(_producer_key(self.settings))
+            self._drop_producer()
             raise SendFailed(f"flushing {len(self.futures)} records failed: "
                              f"{type(exc).__name__}: {exc}") from exc
-        failed = [(topic, fut) for topic, fut in self.futures if not fut.succeeded()]
+
+    def finish(self) -> dict[str, int]:
+        """Send what was held, flush; dead-letter what the broker refused for what it is;
+        raise SendFailed unless the broker acknowledged every other record."""
+        self._send_held()
+        self._flush()
+        failed = []
+        for prepared, future in self.futures:
+            if future.succeeded():
+                continue
+            if future.is_done and refused_by_broker(future.exception):
+                self.refused.append((prepared, future.exception))
+                self.counts[prepared[0].kind] -= 1
+            else:
+                failed.append((prepared[0].topic, future))
         if failed:
             # An idempotent producer may be left in a fatal state: the next task gets another.
-            drop_cached_client(_producer_key(self.settings))
+            self._drop_producer()
             shown = "; ".join(
                 f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
                 for topic, fut in failed[:_MAX_ERRORS_SHOWN]
             )
             raise SendFailed(f"{len(failed)} of {len(self.futures)} records were not "
                              f"acknowledged by the broker: {shown}")
-        return dict(self.counts)
+        if self.refused:
+            self._dead_letter_refused()
+        return +self.counts
+
+    def _dead_letter_refused(self) -> None:
+        """Each refused record as a reference on the dead-letter topic; raise SendFailed if
+        there is none to write to, or if those are not acknowledged either."""
+        refused, self.refused = self.refused, []
+        if self.dead_letter_topic is None:
+            (row, _), exc = refused[0]
+            raise SendFailed(f"the broker refused a record for {row.topic} and the sink has no "
+                             f"dead-letter topic: {type(exc).__name__}: {exc}")
+        self._drop_producer()  # a refusal may leave an idempotent producer out of sequence
+        self.futures = []
+        self._send_now([_reference(prepared, exc, self.dead_letter_topic, self.limit)
+                        for prepared, exc in refused])
+        self._flush()
+        if self.refused or not all(future.succeeded() for _, future in self.futures):
+            raise SendFailed(f"{len(refused)} records refused by the broker could not be "
+                             f"dead-lettered either")
+
+
+def _reference(prepared: Prepared, exc: BaseException, dead_letter_topic: str,
+               limit: int) -> Prepared:
+    """A refused record's dead letter: a reference to it, under the refused record's id."""
+    row, headers = prepared
+    size = record_bytes(row.key, row.value, headers)
+    missing = isinstance(exc, MissingTopic)
+    reason = (str(exc) if missing else f"the broker refused the record for {row.topic} ({size} "
+              f"bytes, the limit is {limit}): {type(exc).__name__}: {exc}")
+    code = Code.MISSING_TOPIC if missing else Code.REFUSED_BY_BROKER
+    record = encode_reference(row.topic, row.key, size, reason, code, (-1, -1),
+                              Topics(dead_letter=dead_letter_topic))
+    with_id = [*record.headers,
+               *([(H.RECORD_ID, row.record_id.encode("ascii"))] if row.record_id else [])]
+    reference = row._replace(kind=Kind.DEAD_LETTER, topic=record.topic, key=record.key,
+                             value=None, headers=pack_headers(with_id))
+    return reference, with_id

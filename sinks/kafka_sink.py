@@ -46,8 +46,9 @@ from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
+from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
-from txstream.spark_worker import settle
+from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
 from txstream.wire import unpack_headers
@@ -72,6 +73,10 @@ class SinkOptions:
     # writes a replayed batch again whole.
     replay_check: bool = True
     timer_file: str | None = None
+    # Where a record the broker refuses for what it is goes, as a reference (sinks.delivery);
+    # None: such a record fails the batch.
+    dead_letter_topic: str | None = None
+    max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -174,6 +179,11 @@ def _checked(rows: list[OutputRow]) -> list[Prepared]:
     return ready
 
 
+def _delivery(options: SinkOptions) -> Delivery:
+    return Delivery(options.kafka, options.flush_timeout_s, options.dead_letter_topic,
+                    options.max_message_bytes)
+
+
 def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
     """Send ``rows``; raise SendFailed unless all were acked. Nothing is sent when any row can
     never be written. Timer rows are not written but returned (:class:`SinkCommit`)."""
@@ -183,7 +193,7 @@ def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
     total = len(ready)
     if options.replay_check and replay_suspected():
         ready = _not_yet_written(options, ready)
-    delivery = Delivery(options.kafka, options.flush_timeout_s)
+    delivery = _delivery(options)
     delivery.send(ready)
     return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms)
 
@@ -196,7 +206,7 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     what its first run wrote is found by the ids of the whole batch."""
     if options.replay_check and replay_suspected():
         return send_rows(options, _rows(batches))
-    delivery = Delivery(options.kafka, options.flush_timeout_s)
+    delivery = _delivery(options)
     timers: dict[int, int | None] = {}
     batch_ms = None
     for batch in batches:
@@ -269,4 +279,5 @@ class KafkaRecordSink(DataSource):
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
         settle()
+        quiet_hang_up()
         return KafkaRecordWriter(SinkOptions.parse(self.options))

@@ -105,7 +105,7 @@ class _Consumers:
             self.close()
             self.patient = self.patient or patient
             self.consumer = make_consumer(
-                self.settings, max_poll_records=_CHUNK,
+                self.settings, role="sink", max_poll_records=_CHUNK,
                 fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if self.patient else 5)
         return self.consumer
 
@@ -151,7 +151,8 @@ def written_ids(
     if not wanted:
         return set()
     tag = id_tag(next(iter(next(iter(wanted.values())))))
-    probe = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
+    probe = make_consumer(settings, role="sink", fetch_max_wait_ms=1,
+                          max_partition_fetch_bytes=1)
     consumers = _Consumers(settings)
     found: set[str] = set()
     try:

@@ -40,16 +40,18 @@ def record_row(
     partition: int,
     offset: int,
     layout: KeyLayout,
+    timestamp: int | None = None,
 ) -> EventRow:
     """One record of the half (``is_half``) or end topic as a row; never raises."""
     return EventRow(route(key, layout), EventKind.HALF if is_half else EventKind.END,
-                    partition, offset, key, value, pack_headers(headers or ()), None)
+                    partition, offset, key, value, pack_headers(headers or ()), None,
+                    timestamp if timestamp is not None and timestamp >= 0 else None)
 
 
 def unreadable_row(is_half: bool, partition: int, offset: int, error: str) -> EventRow:
     """A record the Kafka client could not parse: only where it lay and why is known."""
     return EventRow(UNROUTABLE, EventKind.HALF if is_half else EventKind.END, partition, offset,
-                    None, None, None, error)
+                    None, None, None, error, None)
 
 
 def arrow_schema(spark_schema: Any) -> Any:

@@ -153,6 +153,7 @@ def consumer_for(options: SourceOptions, purpose: str) -> Any:
         wait_ms = 1 if purpose == "offsets" else 5
         return make_consumer(
             options.kafka,
+            role="source",
             fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if key in _PATIENT else wait_ms,
             max_poll_records=ROWS_PER_BATCH,
             check_crcs=options.check_crcs,

@@ -12,7 +12,7 @@ Options (strings, as Spark passes them):
 
 - ``kafka`` (required): JSON of ``KafkaSettings.as_dict()``.
 - ``half_topic`` / ``end_topic``: default RocketMQ's names; created with ``topic_partitions``
-  partitions (default 2) if missing.
+  partitions (default 2) if missing and the broker creates topics (txstream.kafka.provision).
 - ``max_offsets_per_trigger``: records per micro-batch, spread fairly over the partitions.
 - ``key_layout``: JSON of ``state.keys.KeyLayout.as_dict()``: how records map to state keys.
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
@@ -61,10 +61,11 @@ from sources.kafka_io import (
     high_watermarks,
     read_slice,
 )
-from txstream.kafka import make_admin
+from txstream.kafka.provision import create_command, ensure_topics, topic_spec
 from txstream.schema import EVENT_SCHEMA, EventRow
-from txstream.spark_worker import settle
+from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import TICK, Schedule, next_tick
+from txstream.topics import HALF_TOPIC, Topics
 
 __all__ = [
     "SOURCE_NAME",
@@ -151,21 +152,16 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- driver side ---------------------------------------------------------------------
 
     def _create_topics(self, missing: Sequence[str]) -> None:
-        from kafka.admin import NewTopic
-        from kafka.errors import TopicAlreadyExistsError
-
-        admin = make_admin(self.options.kafka)
-        try:
-            for topic in missing:
-                try:
-                    # -1: the broker's default replication factor (KIP-464).
-                    admin.create_topics([NewTopic(topic, self.options.topic_partitions, -1)])
-                    log.info("created topic %s (%d partitions)", topic,
-                             self.options.topic_partitions)
-                except TopicAlreadyExistsError:
-                    pass  # another coordinator or a producer created it first
-        finally:
-            admin.close()
+        """Create the missing half/end topics by the coordinator's rule (the provisioning
+        module's, which ``Coordinator.start`` applied already; here for queries started
+        without it)."""
+        kinds = {self.options.half_topic: "half", self.options.end_topic: "end"}
+        half = self.options.half_topic
+        prefix = half[:-len(HALF_TOPIC)] if half.endswith(HALF_TOPIC) else ""
+        specs = [topic_spec(kinds[t], t, readers=("coordinator",),
+                            partitions=self.options.topic_partitions) for t in missing]
+        ensure_topics(self.options.kafka, specs,
+                      create_command(self.options.kafka, Topics.with_prefix(prefix)))
 
     def _topic_partitions(self) -> dict[str, list[int]]:
         """The partitions of both topics (created if missing), re-read every few seconds."""
@@ -308,7 +304,14 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: the offsets live in Spark's checkpoint, not in Kafka."""
 
     def stop(self) -> None:
+        """The query stopped: pyspark's planner process, which this reader runs in, ends now.
+        Its runner then reports the closed socket it was reading (an EOFError, then a
+        BrokenPipeError writing that to the JVM that is gone) as tracebacks on its stderr, the
+        terminal of whoever stopped the coordinator. A stop is no error: say nothing."""
         drop_consumer(self.options, "offsets")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
 
     # --- worker side ---------------------------------------------------------------------
 
@@ -325,7 +328,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     row = unreadable_row(part.is_half, rec.partition, rec.offset, rec.error)
                 else:
                     row = record_row(part.is_half, rec.key, rec.value, rec.headers,
-                                     rec.partition, rec.offset, layout)
+                                     rec.partition, rec.offset, layout, rec.timestamp)
                 rows.append(row)
                 if len(rows) >= ROWS_PER_BATCH:
                     yield rows_to_batch(rows, schema)
@@ -346,6 +349,7 @@ class KafkaEventSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         settle()
+        quiet_hang_up()  # called in the planner's own process, which a query's stop ends
         return KafkaEventReader(SourceOptions.parse(self.options), schema)
 
 

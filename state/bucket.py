@@ -22,21 +22,28 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from state.effects import Effect
-from state.lifecycle import Event, Status, Transaction, apply, on_timeout
+from state.lifecycle import Event, Status, Transaction, apply, on_timeout, sends_check
+from state.outcomes import Outcomes
 from state.policy import Policy
-from txstream.message import Decision, EndEvent, Message
+from txstream.message import Decision, EndEvent, Message, RawRecord
 
 __all__ = ["Bucket", "FORMAT_VERSION"]
 
 # 2: several held end events per transaction, and the message's queue position.
-# 3: the record numbering (epoch, next number). Formats 1 and 2 are still read so that a
-# checkpoint survives the upgrade; their buckets start a new numbering epoch.
-FORMAT_VERSION = 3
-_READABLE = (1, 2, FORMAT_VERSION)
+# 3: the record numbering (epoch, next number).
+# 4: a held end event keeps the record it was read from (a dead letter byte for byte); a
+#    message its broker timestamp; a transaction the number of the check last answered and
+#    until when its outcome is remembered; the bucket the outcomes it remembers.
+# Older formats are still read so that a checkpoint survives the upgrade; buckets of formats 1
+# and 2 start a new numbering epoch.
+FORMAT_VERSION = 4
+_READABLE = (1, 2, 3, FORMAT_VERSION)
 
 
 # A transaction as the state holds it: decoded, or still the tuple it was encoded as.
 _Held = Transaction | tuple[Any, ...]
+# The statuses of unresolved transactions, as encoded.
+_OPEN = frozenset(s.value for s in Status if not s.resolved)
 
 
 class Bucket:
@@ -48,16 +55,19 @@ class Bucket:
     touched by that batch (~6 us each to build, ~1 us to carry along as a tuple).
     """
 
-    __slots__ = ("_held", "epoch", "next_number")
+    __slots__ = ("_held", "epoch", "next_number", "outcomes")
 
     def __init__(
         self,
         transactions: dict[str, Transaction] | None = None,
         epoch: int | None = None,
         next_number: int = 0,
+        outcomes: Outcomes | None = None,
     ) -> None:
         # One dict in timer-tie order (insertion), values decoded or not.
         self._held: dict[str, _Held] = dict(transactions or {})
+        # Resolved transactions that left ``_held``: their outcomes only.
+        self.outcomes = outcomes if outcomes is not None else Outcomes()
         # ``epoch``: the batch time at which this numbering started (None: not yet). A bucket
         # whose state was dropped when it emptied starts again at a later batch time, so
         # (epoch, number) never repeats within a bucket.
@@ -78,13 +88,14 @@ class Bucket:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Bucket):
             return NotImplemented
-        return (self.transactions, self.epoch, self.next_number) == (
-            other.transactions, other.epoch, other.next_number)
+        return (self.transactions, self.epoch, self.next_number, self.outcomes) == (
+            other.transactions, other.epoch, other.next_number, other.outcomes)
 
     __hash__ = None  # type: ignore[assignment]  # mutable: equal buckets may differ later
 
     def __repr__(self) -> str:
-        return f"Bucket({self.transactions!r}, epoch={self.epoch!r}, next={self.next_number})"
+        return (f"Bucket({self.transactions!r}, epoch={self.epoch!r}, next={self.next_number}, "
+                f"outcomes={len(self.outcomes)})")
 
     def get(self, transaction_id: str) -> Transaction | None:
         return self._decoded(transaction_id) if transaction_id in self._held else None
@@ -92,7 +103,16 @@ class Bucket:
     def apply(self, event: Event, now: int, policy: Policy) -> list[Effect]:
         txid = event.transaction_id
         assert txid is not None
-        new, effects = apply(self.get(txid), event, now, policy)
+        tx = self.get(txid)
+        if tx is None and (outcome := self.outcomes.recall(txid, now)) is not None:
+            # Resolved and left the state: a repeat is a duplicate, a contradiction is told
+            # the outcome. Nothing changes a resolved transaction, so nothing is stored.
+            status, until = outcome
+            remembered = Transaction(txid, Status(status), until)
+            new, effects = apply(remembered, event, now, policy)
+            assert new is remembered
+            return effects
+        new, effects = apply(tx, event, now, policy)
         self._store(txid, new)
         return effects
 
@@ -101,11 +121,13 @@ class Bucket:
         return [effect for _, effects in self.run_timers(now, 0, policy) for effect in effects]
 
     def run_timers(self, now: int, lead: int, policy: Policy) -> list[tuple[int, list[Effect]]]:
-        """Run every timer due by ``now + lead``, in deadline order, each as of
-        ``max(now, deadline)``: returns that time with each timer's effects, which must not
-        take effect before it (``Policy.timer_lead``). A timer that sets another one within
-        the window (a check near the reserved time) runs that one too, in its turn."""
+        """Run every timer due by ``now``, and every check due by ``now + lead``, in deadline
+        order, each as of ``max(now, deadline)``: returns that time with each timer's effects,
+        which must not take effect before it (``Policy.timer_lead``). A timer that would
+        decide an outcome runs only once due (:func:`state.lifecycle.sends_check`). A timer
+        that sets another one within the window runs that one too, in its turn."""
         fired: list[tuple[int, list[Effect]]] = []
+        self.outcomes.forget_expired(now)
         horizon = now + lead
         due = [(_deadline(held), txid) for txid, held in self._held.items()
                if _deadline(held) <= horizon]
@@ -113,7 +135,12 @@ class Bucket:
         while due:
             deadline, txid = heapq.heappop(due)
             at = max(now, deadline)
-            new, effects = on_timeout(self._decoded(txid), at, policy)
+            tx = self._decoded(txid)
+            if at > now and not sends_check(tx, at, policy):
+                continue  # an outcome waits for its deadline: the key wakes up then
+            new, effects = on_timeout(tx, at, policy)
+            if new is None and tx.status.resolved and (tx.remember_until or 0) > at:
+                self.outcomes.remember(txid, tx.status.value, tx.remember_until or 0)
             self._store(txid, new)
             fired.append((at, effects))
             if new is not None and at < new.deadline <= horizon:
@@ -123,8 +150,39 @@ class Bucket:
     def next_deadline(self) -> int | None:
         return min((_deadline(held) for held in self._held.values()), default=None)
 
+    def next_wakeup(self, lead: int, policy: Policy) -> int | None:
+        """When the key must next run: a check's deadline less the lead, any other timer's
+        deadline; with no transaction held, when the last remembered outcome expires (None:
+        nothing to keep). What :meth:`run_timers` will then find to do."""
+        wakeups = []
+        for txid, held in self._held.items():
+            deadline = _deadline(held)
+            early = lead > 0 and sends_check(self._decoded(txid), deadline, policy)
+            wakeups.append(deadline - lead if early else deadline)
+        return min(wakeups, default=self.outcomes.last_until())
+
     def pending(self) -> Iterable[Transaction]:
         return (tx for tx in self if not tx.status.resolved)
+
+    def open_counts(self) -> tuple[dict[tuple[str, str], int], int | None]:
+        """The unresolved transactions by (status, producer group), and the oldest born time
+        of a PENDING one; read from the held tuples without decoding them (the operator asks
+        on every call, for the coordinator's metrics)."""
+        counts: dict[tuple[str, str], int] = {}
+        oldest: int | None = None
+        for held in self._held.values():
+            if isinstance(held, Transaction):
+                status, group = held.status.value, held.producer_group
+                born = held.half.born_timestamp if held.half is not None else None
+            else:  # _tx_to_tuple's layout; the half message's born time is its 9th field
+                status, group = held[1], held[3]
+                born = held[4][8] if held[4] is not None else None
+            if status not in _OPEN:
+                continue
+            counts[(status, group or "")] = counts.get((status, group or ""), 0) + 1
+            if status == Status.PENDING.value and born is not None:
+                oldest = born if oldest is None else min(oldest, born)
+        return counts, oldest
 
     def take_numbers(self, count: int, now: int) -> tuple[int, int]:
         """Reserve ``count`` record numbers; returns (epoch, first number).
@@ -160,16 +218,18 @@ class Bucket:
         share = _sharer()
         rows = [held if isinstance(held, tuple) else _tx_to_tuple(held, share)
                 for held in self._held.values()]
-        return pickle.dumps((FORMAT_VERSION, rows, self.epoch, self.next_number), protocol=5)
+        return pickle.dumps((FORMAT_VERSION, rows, self.epoch, self.next_number,
+                             self.outcomes.encode()), protocol=5)
 
     @classmethod
     def decode(cls, blob: bytes | None) -> Bucket:
         if not blob:
             return cls()
-        version, rows, *numbering = pickle.loads(blob)
+        version, rows, *rest = pickle.loads(blob)
         if version not in _READABLE:
             raise ValueError(f"state format {version} is not one of {_READABLE}")
-        bucket = cls(None, *(numbering if version >= 3 else (None, 0)))
+        epoch, number = rest[:2] if version >= 3 else (None, 0)
+        bucket = cls(None, epoch, number, Outcomes.decode(rest[2] if version >= 4 else None))
         if version == FORMAT_VERSION:
             bucket._held = {row[0]: row for row in rows}
         else:  # older layouts are converted on the way in
@@ -207,7 +267,7 @@ def _msg_to_tuple(m: Message | None, share: _Share) -> tuple[object, ...] | None
     return (share(m.topic), m.body, share(m.tags), share(m.keys), properties,
             share(m.transaction_id), share(m.msg_id), share(m.producer_group),
             m.born_timestamp, m.check_immunity_time_s, m.queue_id, m.queue_offset,
-            m.reconsume_times)
+            m.reconsume_times, m.stored_timestamp)
 
 
 def _msg_from_tuple(t: tuple[Any, ...] | None) -> Message | None:
@@ -217,18 +277,22 @@ def _msg_from_tuple(t: tuple[Any, ...] | None) -> Message | None:
 
 
 def _end_to_tuple(e: EndEvent, share: _Share) -> tuple[object, ...]:
+    raw = e.raw
     return (share(e.transaction_id), share(e.producer_group), e.decision.value, e.from_check,
-            e.check_times, share(e.operator), e.remark, e.born_timestamp)
+            e.check_times, share(e.operator), e.remark, e.born_timestamp,
+            None if raw is None else (raw.partition, raw.offset, raw.key, raw.value, raw.headers))
 
 
 def _end_from_tuple(t: tuple[Any, ...]) -> EndEvent:
-    return EndEvent(t[0], t[1], Decision(t[2]), t[3], t[4], t[5], t[6], t[7])
+    raw = RawRecord(*t[8]) if len(t) > 8 and t[8] is not None else None
+    return EndEvent(t[0], t[1], Decision(t[2]), t[3], t[4], t[5], t[6], t[7], raw)
 
 
 def _tx_to_tuple(tx: Transaction, share: _Share) -> tuple[object, ...]:
     return (share(tx.transaction_id), tx.status.value, tx.deadline, share(tx.producer_group),
             _msg_to_tuple(tx.half, share), tuple(_end_to_tuple(e, share) for e in tx.held),
-            tx.checks_sent, tx.checks_answered, tx.next_check)
+            tx.checks_sent, tx.checks_answered, tx.next_check, tx.last_answered,
+            tx.remember_until)
 
 
 def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
@@ -247,4 +311,7 @@ def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
         checks_sent=t[6],
         checks_answered=t[7],
         next_check=t[8],
+        # Before format 4 the count was the highest check number answered.
+        last_answered=t[9] if len(t) > 9 else t[7],
+        remember_until=t[10] if len(t) > 10 else None,
     )

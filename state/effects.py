@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from txstream.message import EndEvent, Message
 
-__all__ = ["Release", "RequestCheck", "Discard", "DeadLetter", "Note", "Effect"]
+__all__ = ["Release", "RequestCheck", "Discard", "DiscardCause", "DeadLetter", "Note", "Effect"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,28 +26,44 @@ class RequestCheck:
     """Ask one producer of the message's group for its local transaction state.
 
     ``late_ms``: how long after the check was due it was asked (timer precision).
+    ``valid_until``: when the next check of the transaction is due; a producer does not
+    answer this one after that (it has been superseded).
     """
 
     message: Message
     check_times: int
     late_ms: int = 0
+    valid_until: int | None = None
+
+
+class DiscardCause:
+    """Why a message was given up, as a stable word (the reason's text is for people)."""
+
+    CHECK_MAX = "check_max"  # answered checks reached check_max, still unknown
+    RESERVED_TIME = "reserved_time"  # the half message outlived the reserved time
+
+    ALL = (CHECK_MAX, RESERVED_TIME)
 
 
 @dataclass(frozen=True, slots=True)
 class Discard:
-    """Give up on a message: it goes to the discard topic with the reason."""
+    """Give up on a message: it goes to the discard topic with the reason; ``cause`` is one
+    of :class:`DiscardCause` (the coordinator's metrics label)."""
 
     message: Message
     reason: str
     check_times: int
+    cause: str = DiscardCause.CHECK_MAX
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """Refuse an event; it goes to the dead-letter topic with the reason."""
+    """Refuse an event; it goes to the dead-letter topic with the reason and its stable code
+    (``txstream.refusals.Code``)."""
 
     event: Message | EndEvent
     reason: str
+    code: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from state.effects import DeadLetter, Discard, DiscardCause, Effect, Note, Release, RequestCheck
 from state.policy import Policy
+from state.timing import (
+    anchor,
+    check_spacing,
+    first_check,
+    past_reserved_time,
+    pending_deadline,
+)
 from txstream.message import Decision, EndEvent, Message
+from txstream.refusals import Code
 
 __all__ = [
     "Status",
@@ -28,6 +36,7 @@ __all__ = [
     "apply",
     "on_timeout",
     "trigger_of",
+    "sends_check",
 ]
 
 Event = Message | EndEvent
@@ -65,7 +74,7 @@ class Action(str, Enum):
     REJECT = "reject"  # contradicts the outcome: dead letter, nothing changes
     CHECK = "check"  # timer: ask a producer of the group, or discard after too many
     EXPIRE = "expire"  # timer: the held end event never met its half message
-    FORGET = "forget"  # timer: a resolved transaction leaves the state
+    FORGET = "forget"  # timer: a resolved transaction leaves the state; its outcome stays
 
 
 _S, _T, _A = Status, Trigger, Action
@@ -115,8 +124,10 @@ class Transaction:
 
     ``deadline`` is when :func:`on_timeout` must next run: the next check (or the reserved-time
     limit) while pending, the end of the wait for held end events, or when a resolved
-    transaction is forgotten. ``checks_answered`` is the highest check number a producer
-    answered: a check counts toward ``check_max`` only once it reached a producer.
+    transaction is forgotten. ``checks_answered`` counts the checks a producer answered, one per
+    check interval at most: an answer counts only when it answers the latest check sent
+    (``last_answered`` is that check's number), so a returning producer that answers a backlog
+    of stale checks gets one counted, not the backlog.
 
     ``held``: end events that came before the half message, in the order their decisions came,
     at most one per sender (a producer group, or the admins). Until the half message names the
@@ -133,6 +144,10 @@ class Transaction:
     checks_sent: int = 0
     checks_answered: int = 0
     next_check: int | None = None
+    last_answered: int = 0
+    # Resolved: until when its outcome is remembered once it leaves the state
+    # (``state.outcomes``): its half message's reserved time.
+    remember_until: int | None = None
 
 
 _Result = tuple[Transaction | None, list[Effect]]
@@ -159,23 +174,6 @@ def _note(txid: str, event: str, now: int, **detail: object) -> Note:
     return Note(txid, event, now, detail)
 
 
-def _first_check(half: Message, now: int, policy: Policy) -> int:
-    # A born time in the future (clock skew) must not postpone the check: RocketMQ checks those
-    # at once; we start counting from now instead.
-    born = min(half.born_timestamp if half.born_timestamp is not None else now, now)
-    immunity = half.check_immunity_time_s
-    # RocketMQ reads a negative immunity (-1) as "use transactionTimeout"; taken literally it
-    # would ask the producer before its local transaction could have run.
-    if immunity is not None and immunity >= 0:
-        return born + immunity * 1000
-    return born + policy.transaction_timeout
-
-
-def _pending_deadline(half: Message, next_check: int, policy: Policy) -> int:
-    born = half.born_timestamp if half.born_timestamp is not None else next_check
-    return min(next_check, born + policy.reserved_time)
-
-
 def _resolved(tx: Transaction, status: Status, now: int, policy: Policy) -> Transaction:
     """Keep only what recognising duplicates needs: no body, no timers but forgetting."""
     return Transaction(
@@ -185,6 +183,9 @@ def _resolved(tx: Transaction, status: Status, now: int, policy: Policy) -> Tran
         producer_group=tx.producer_group,
         checks_sent=tx.checks_sent,
         checks_answered=tx.checks_answered,
+        last_answered=tx.last_answered,
+        remember_until=(anchor(tx.half, now, policy) + policy.reserved_time
+                        if tx.half is not None else None),
     )
 
 
@@ -202,10 +203,12 @@ def apply(
     after, action = TRANSITIONS[(status, trigger)]
 
     # While the end events are held the owner is not known yet: _apply_held checks them later.
+    # A remembered outcome (``state.outcomes``) keeps no owner: any end event is told it.
     if (
         isinstance(event, EndEvent)
         and tx is not None
         and tx.status is not Status.EARLY_END
+        and tx.producer_group is not None
         and not event.by_admin
         and event.producer_group != tx.producer_group
     ):
@@ -213,13 +216,25 @@ def apply(
             f"producer group {event.producer_group!r} does not own transaction {txid} "
             f"(owned by {tx.producer_group!r})"
         )
-        return tx, [DeadLetter(event, reason), _note(txid, "rejected", now, reason=reason)]
+        return tx, [DeadLetter(event, reason, Code.WRONG_GROUP),
+                    _note(txid, "rejected", now, reason=reason)]
 
     new, effects = _ACTIONS[action](tx, event, now, policy)
     expected = MAY_REACH.get(action, frozenset({after}))
     if (new.status if new else None) not in expected:  # pragma: no cover - a bug, not input
         raise AssertionError(f"{action} led {status}->{new and new.status}, not {expected}")
     return new, effects
+
+
+def sends_check(tx: Transaction, at: int, policy: Policy) -> bool:
+    """Whether the transaction's timer, run at ``at``, would only send a check: the one kind
+    of timer that may run ahead of its deadline (``Policy.timer_lead``). One that decides an
+    outcome (a discard, an end event's expiry) runs only once due, so that an end event that
+    comes before it wins."""
+    if tx.status is not Status.PENDING or tx.half is None:
+        return False
+    return (not past_reserved_time(tx.half, max(at, tx.deadline), policy)
+            and tx.checks_answered < policy.check_max)
 
 
 def on_timeout(tx: Transaction, now: int, policy: Policy) -> _Result:
@@ -233,9 +248,11 @@ def on_timeout(tx: Transaction, now: int, policy: Policy) -> _Result:
         assert tx.held
         waited = policy.orphan_end_timeout / 1000
         reason = f"no half message for transaction {tx.transaction_id} within {waited:g}s"
-        effects: list[Effect] = [DeadLetter(end, reason) for end in tx.held]
+        effects: list[Effect] = [DeadLetter(end, reason, Code.NO_HALF_MESSAGE)
+                                 for end in tx.held]
         return None, [*effects, _note(tx.transaction_id, "expired", now, reason=reason)]
-    return None, []  # FORGET: duplicates of it are no longer recognised
+    # FORGET: the bucket keeps its outcome alone until remember_until (state.outcomes).
+    return None, []
 
 
 # --- actions (tx, event, now, policy) -> (new tx, effects) -----------------------------------
@@ -244,17 +261,19 @@ def on_timeout(tx: Transaction, now: int, policy: Policy) -> _Result:
 def _register(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
     assert isinstance(half, Message)
     txid = _txid(half)
-    next_check = _first_check(half, now, policy)
+    next_check = first_check(half, now, policy)
     new = Transaction(
         transaction_id=txid,
         status=Status.PENDING,
-        deadline=_pending_deadline(half, next_check, policy),
+        deadline=pending_deadline(half, next_check, policy),
         producer_group=half.producer_group,
         half=half,
         next_check=next_check,
     )
+    # What an operator searches by (txstream console): the message id, keys, tags, born time.
     return new, [_note(txid, "half", now, group=half.producer_group, topic=half.topic,
-                       first_check=next_check)]
+                       first_check=next_check, msg_id=half.msg_id, keys=half.keys,
+                       tags=half.tags, born=half.born_timestamp)]
 
 
 def _hold_end(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
@@ -285,7 +304,8 @@ def _merge_held(tx: Transaction | None, end: Event, now: int, policy: Policy) ->
         ]
     if end.decision.is_final and own.decision.is_final and end.decision != own.decision:
         reason = f"{end.decision.value} contradicts the earlier {own.decision.value}"
-        return tx, [DeadLetter(end, reason), _note(txid, "rejected", now, reason=reason)]
+        return tx, [DeadLetter(end, reason, Code.CONTRADICTS_OUTCOME),
+                    _note(txid, "rejected", now, reason=reason)]
     if end.decision.is_final and not own.decision.is_final:
         # The final decision replaces UNKNOW and goes last: held ends are applied in the order
         # their decisions came, so that the first final decision wins.
@@ -328,12 +348,12 @@ def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
     assert tx is not None and isinstance(end, EndEvent)
     new = tx
     if end.from_check:
-        # An answer without a number answers the latest check; counting it as "one more" would
-        # count every duplicate of it. No answer can count a check that was never sent.
+        # Only an answer to the latest check sent counts, once: an answer to an older one (a
+        # backlog answered after the group was away) or a repeat changes nothing. An answer
+        # without a number answers the latest check.
         answered = end.check_times if end.check_times is not None else tx.checks_sent
-        answered = min(answered, tx.checks_sent)
-        if answered > tx.checks_answered:
-            new = replace(tx, checks_answered=answered)
+        if answered == tx.checks_sent and answered > tx.last_answered:
+            new = replace(tx, checks_answered=tx.checks_answered + 1, last_answered=answered)
     return new, [_note(tx.transaction_id, "unknown", now, checks_answered=new.checks_answered,
                        **_decision_detail(end))]
 
@@ -350,17 +370,19 @@ def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Re
         f"{end.decision.value} for transaction {tx.transaction_id} which is already "
         f"{tx.status.value}"
     )
-    return tx, [DeadLetter(end, reason), _note(tx.transaction_id, "rejected", now, reason=reason)]
+    return tx, [DeadLetter(end, reason, Code.CONTRADICTS_OUTCOME),
+                _note(tx.transaction_id, "rejected", now, reason=reason)]
 
 
 def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     half = tx.half
     assert half is not None and tx.next_check is not None
-    born = half.born_timestamp if half.born_timestamp is not None else now
     reason = None
-    if now - born >= policy.reserved_time:
+    cause = DiscardCause.CHECK_MAX
+    if past_reserved_time(half, now, policy):
         hours = policy.reserved_time / 3_600_000
         reason = f"half message older than the reserved time of {hours:g} h"
+        cause = DiscardCause.RESERVED_TIME
     elif tx.checks_answered >= policy.check_max:
         reason = (
             f"still unknown after {tx.checks_answered} answered checks "
@@ -369,22 +391,23 @@ def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     if reason is not None:
         discarded = _resolved(tx, Status.DISCARDED, now, policy)
         return discarded, [
-            Discard(half, reason, tx.checks_answered),
+            Discard(half, reason, tx.checks_answered, cause),
             _note(tx.transaction_id, "discarded", now, reason=reason,
                   checks_sent=tx.checks_sent),
         ]
     number = tx.checks_sent + 1
-    next_check = now + policy.check_interval
+    next_check = now + check_spacing(number - tx.last_answered, policy)
     new = replace(
         tx,
         checks_sent=number,
         next_check=next_check,
-        deadline=_pending_deadline(half, next_check, policy),
+        deadline=pending_deadline(half, next_check, policy),
     )
     late = now - tx.next_check
     return new, [
-        RequestCheck(half, number, late),
-        _note(tx.transaction_id, "check_sent", now, check=number, late_ms=late),
+        RequestCheck(half, number, late, valid_until=next_check),
+        _note(tx.transaction_id, "check_sent", now, check=number, late_ms=late,
+              next_check=next_check),
     ]
 
 

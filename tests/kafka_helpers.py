@@ -10,9 +10,10 @@ from kafka import TopicPartition
 
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
 from txstream.message import Decision, EndEvent, Message
+from txstream.outputs import decode_history
 from txstream.schema import OutputRow
 from txstream.topics import Topics
-from txstream.wire import Record, decode_history, encode_end, encode_half
+from txstream.wire import Record, encode_end, encode_half
 
 T = TypeVar("T")
 
@@ -30,11 +31,16 @@ __all__ = [
 ]
 
 
-def produce(settings: KafkaSettings, records: Iterable[Record]) -> None:
+def produce(
+    settings: KafkaSettings, records: Iterable[Record], timestamp_ms: int | None = None
+) -> None:
+    """Write ``records``; ``timestamp_ms`` stands for a broker timestamp in the past (tansu
+    keeps a producer's timestamp even on a ``LogAppendTime`` topic)."""
     producer = make_producer(settings)
     try:
         futures = [
-            producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers))
+            producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers),
+                          timestamp_ms=timestamp_ms)
             for r in records
         ]
         producer.flush()

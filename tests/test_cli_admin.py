@@ -180,8 +180,9 @@ def test_history_shows_discards_and_dead_letters(
     coord: Running, capsys: pytest.CaptureFixture[str], unique: str
 ) -> None:
     txid, group = f"{unique}-old", f"{unique}-g"
+    born = now_ms() - 120_000  # stored then too: the coordinator trusts the broker's clock
     produce(coord.kafka, [half_record(coord.topics, txid, group, f"{unique}-real",
-                                      born_ms=now_ms() - 120_000)])
+                                      born_ms=born)], timestamp_ms=born)
     wait_until(lambda: any(n["event"] == "discarded"
                            for n in history_of(coord.kafka, coord.topics, txid)), timeout_s=60)
     produce(coord.kafka, [end_record(coord.topics, txid, "intruder", Decision.COMMIT_MESSAGE)])

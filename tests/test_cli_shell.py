@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
 from streaming.cli import main
 from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Message
+from txstream.outputs import encode_visible
 from txstream.topics import Topics
-from txstream.wire import H, decode_end, decode_half, encode_visible
+from txstream.wire import H, decode_end, decode_half
 
 from kafka_helpers import headers_of, produce, read_topic, wait_until
 from process_helpers import CoordinatorProcess
@@ -45,7 +47,11 @@ def test_produce_writes_half_and_end(kafka: KafkaSettings, topics: Topics, uniqu
     assert rc == 0
     assert [line.split()[1] for line in out] == [decision, decision]
     txids = [line.split()[0] for line in out]
-    halves = [decode_half(r.key, r.value, r.headers) for r in read_topic(kafka, topics.half)]
+    records = read_topic(kafka, topics.half)
+    # Each line says where the half message was stored.
+    assert sorted(line.split()[3] for line in out) == sorted(
+        f"{topics.half}[{r.partition}]@{r.offset}" for r in records)
+    halves = [decode_half(r.key, r.value, r.headers) for r in records]
     by_id = {m.transaction_id: m for m in halves}
     assert set(by_id) == set(txids)
     first = by_id[txids[0]]
@@ -86,6 +92,27 @@ def test_consume_prints_released_messages_filtered_by_tag(
     assert "tags=TagA" in first and "keys=K0" in first and "msgId=T0" in first
     assert "received 3 message(s)" in captured.err
     assert time.monotonic() - started < 30  # stopped at --count, not at the timeout
+
+
+def test_consume_from_last_shows_only_what_is_released_after_it_started(
+    kafka: KafkaSettings, topics: Topics, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real, group = f"{unique}-real", f"{unique}-shell"
+    produce(kafka, [encode_visible(Message(real, b"released before", transaction_id="T0",
+                                           msg_id="T0", producer_group="g"))])
+    (before,) = read_topic(kafka, real)
+    rc = main(["consume", *_kafka_args(kafka, topics), "--topic", real, "--group", group,
+               "--from", "last", "--count", "1", "--timeout", "8"])
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.out == ""
+    assert "received 0 message(s)" in captured.err
+    # It had joined and started at the end, where it committed its start.
+    c = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=group,
+                      enable_auto_commit=False)
+    try:
+        assert c.committed(TopicPartition(real, before.partition)) == before.offset + 1
+    finally:
+        c.close()
 
 
 def test_consume_fails_when_fewer_than_count_arrive(

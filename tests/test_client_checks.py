@@ -27,8 +27,9 @@ from client import (
 )
 from txstream.kafka import KafkaSettings
 from txstream.message import EndEvent
+from txstream.outputs import encode_check
 from txstream.topics import Topics
-from txstream.wire import H, Record, decode_end, decode_half, encode_check
+from txstream.wire import H, Record, decode_end, decode_half
 
 from kafka_helpers import produce, read_topic, wait_until
 
@@ -106,7 +107,7 @@ def _producer(kafka: KafkaSettings, topics: Topics, listener: TransactionListene
                                **options).start()  # type: ignore[arg-type]
 
 
-def _joined(*producers: TransactionProducer, partitions: int = 4) -> None:
+def _joined(*producers: TransactionProducer, partitions: int = 2) -> None:
     def settled() -> bool:
         parts = [p.check_partitions for p in producers]
         union = frozenset().union(*parts)
@@ -165,7 +166,12 @@ def test_every_check_is_answered_with_its_number_unknown_included(
     m = asked["tx-commit"]
     assert (m.topic, m.body, m.tags, m.keys) == ("TopicTest", b"body of tx-commit", "TagA",
                                                  "K-tx-commit")
-    assert m.properties == {"p": "tx-commit"} and m.producer_group == group
+    assert m.get_property("p") == "tx-commit" and m.producer_group == group
+    # What RocketMQ's check message carries, as a Java listener reads it.
+    assert {k: m.get_property(k) for k in ("TRANSACTION_CHECK_TIMES", "PGROUP", "UNIQ_KEY",
+                                           "TRAN_MSG")} == {
+        "TRANSACTION_CHECK_TIMES": "1", "PGROUP": group, "UNIQ_KEY": m.msg_id,
+        "TRAN_MSG": "true"}
     # Offsets are committed once the answers were acknowledged: every request is covered.
     ends = _end_offsets(kafka, producer.check_topic)
     wait_until(lambda: {p: c for p, c in _committed(kafka, producer.check_group_id,

@@ -111,8 +111,15 @@ def test_commit_writes_the_half_message_then_the_end_event(
     halves = _records(kafka, topics.half)
     assert len(halves) == 1
     rec = halves[0]
-    assert (rec.topic, rec.partition, rec.offset) == (result.topic, result.partition,
-                                                      result.offset)
+    # The result names the real topic, and where the half message was stored.
+    assert result.topic == "TopicTest" and result.half_topic == topics.half
+    assert (rec.topic, rec.partition, rec.offset) == (result.half_topic, result.half_partition,
+                                                      result.half_offset)
+    assert (result.queue_id, result.queue_offset) == (rec.partition, rec.offset)
+    assert str(result) == (
+        f"TransactionSendResult [sendStatus=SEND_OK, msgId={result.msg_id}, topic=TopicTest, "
+        f"localTransactionState=COMMIT_MESSAGE, messageQueue=MessageQueue [topic="
+        f"{topics.half}, queueId={rec.partition}], queueOffset={rec.offset}]")
     half = decode_half(rec.key, rec.value, rec.headers)
     assert half.topic == "TopicTest" and half.body == b"commit"
     assert (half.tags, half.keys, half.properties) == ("TagA", "KEY1", {"color": "red"})

@@ -20,8 +20,8 @@ from client import (
     Subscription,
     Topics,
 )
-from client.checker import _Offsets
 from client.listener import call_for_state
+from client.offsets import OffsetTracker as _Offsets
 from client.options import resolve_settings, resolve_topics
 from client.retry import ROCKETMQ_DELAYS_S, RetryHeaders, retry_delay_s, retry_record
 from client.validate import validate_message
@@ -67,6 +67,20 @@ def test_validation_accepts_a_plain_message_and_names_what_is_wrong() -> None:
         validate_message(Message("T", b"x", keys=1), topics)  # type: ignore[arg-type]
     with pytest.raises(InvalidMessage, match="reserved"):
         validate_message(Message("T", b"x", properties={"TAGS": "a"}), topics)
+
+
+def test_rocketmqs_immunity_property_is_taken_as_java_users_set_it() -> None:
+    topics = Topics()
+    put = Message("T", b"x")
+    put.put_user_property("CHECK_IMMUNITY_TIME_IN_SECONDS", "-1")
+    assert put.check_immunity_time_s == -1 and put.properties == {}
+    direct = Message("T", b"x", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "30", "a": "b"})
+    assert validate_message(direct, topics).check_immunity_time_s == 30
+    assert direct.properties == {"a": "b"}  # written once, as its own header
+    for bad in ("soon", "-7", "1.5"):
+        with pytest.raises(InvalidMessage, match=r"CHECK_IMMUNITY_TIME_IN_SECONDS|immunity"):
+            validate_message(Message("T", b"x", properties={
+                "CHECK_IMMUNITY_TIME_IN_SECONDS": bad}), topics)
 
 
 def test_options_merge_settings_pieces_and_refuse_unknown_ones() -> None:

@@ -24,8 +24,9 @@ from streaming.engine.checkpoint import LAYOUT_FILE
 from txstream.broker import free_port
 from txstream.kafka import KafkaSettings, read_topic
 from txstream.message import Decision
+from txstream.outputs import decode_history
 from txstream.topics import Topics
-from txstream.wire import H, decode_history, header_dict
+from txstream.wire import H, header_dict
 
 from cluster_helpers import (
     StandaloneCluster,

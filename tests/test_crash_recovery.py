@@ -31,11 +31,17 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from client import ConsumeStatus, PushConsumer, TransactionListener, TransactionProducer
+from client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    PushConsumer,
+    TransactionListener,
+    TransactionProducer,
+)
 from txstream.kafka import KafkaSettings, make_consumer
 from txstream.message import Decision, Message
+from txstream.outputs import decode_history
 from txstream.topics import Topics
-from txstream.wire import decode_history
 
 from kafka_helpers import headers_of, read_topic, wait_until
 from process_helpers import CoordinatorProcess, batch_ids, in_flight_batch
@@ -192,7 +198,8 @@ def _consume_once(kafka: KafkaSettings, topic: str, expect: int) -> tuple[Counte
             seen[m.msg_id] += 1
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(f"crash-{uuid.uuid4().hex[:8]}", kafka=kafka)
+    consumer = PushConsumer(f"crash-{uuid.uuid4().hex[:8]}", kafka=kafka,
+                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     consumer.subscribe(topic)
     consumer.register_message_listener(listener)
     consumer.start()

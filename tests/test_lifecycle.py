@@ -165,16 +165,31 @@ def test_half_already_past_its_first_check_is_due_at_once() -> None:
 # --- later checks -----------------------------------------------------------------------------
 
 
-def test_checks_repeat_every_check_interval_from_when_asked() -> None:
+def test_answered_checks_repeat_every_check_interval_from_when_asked() -> None:
     tx: Transaction | None = registered()
     asked = T0 + P.transaction_timeout + 300  # timers fire a little late
     for number in (1, 2, 3):
         assert tx is not None
         tx, effects = on_timeout(tx, asked, P)
         assert isinstance(effects[0], RequestCheck) and effects[0].check_times == number
+        assert effects[0].valid_until == asked + P.check_interval
         assert tx is not None and tx.deadline == asked + P.check_interval
         assert on_timeout(tx, asked + P.check_interval - 1, P)[1] == []
+        tx, _ = apply(tx, answer(UNKNOWN, number), asked + 10, P)
         asked += P.check_interval
+
+
+def test_unanswered_checks_back_off_to_at_most_check_backoff_max_intervals() -> None:
+    tx: Transaction | None = registered()
+    asked = T0 + P.transaction_timeout
+    spacings = []
+    for _ in range(8):
+        assert tx is not None
+        tx, _ = on_timeout(tx, asked, P)
+        assert tx is not None
+        spacings.append((tx.deadline - asked) // P.check_interval)
+        asked = tx.deadline
+    assert spacings == [1, 2, 4, 8, 16, 16, 16, 16]
 
 
 def test_unknown_keeps_waiting_and_keeps_the_timer() -> None:
@@ -193,28 +208,39 @@ def _checked(tx: Transaction, times: int, policy: Policy = P) -> Transaction:
     return tx
 
 
-def test_answered_checks_count_by_their_number_and_duplicates_do_not() -> None:
+def test_only_an_answer_to_the_latest_check_counts_and_only_once() -> None:
     tx = _checked(registered(), 3)
-    for _ in range(3):
-        new, _ = apply(tx, answer(UNKNOWN, 2), T0 + 1, P)
-        assert new is not None and new.checks_answered == 2
+    for stale in (1, 2):  # answers to checks a newer one replaced
+        new, _ = apply(tx, answer(UNKNOWN, stale), T0 + 1, P)
+        assert new is not None and new.checks_answered == 0
+    for _ in range(3):  # the latest, and its duplicates
+        new, _ = apply(tx, answer(UNKNOWN, 3), T0 + 1, P)
+        assert new is not None and new.checks_answered == 1 and new.last_answered == 3
         tx = new
-    new, _ = apply(tx, answer(UNKNOWN, 1), T0 + 1, P)  # a late answer to an older check
-    assert new is not None and new.checks_answered == 2
+
+
+def test_a_group_back_after_twenty_unanswered_checks_is_not_discarded_at_once() -> None:
+    # While the group was away, 20 checks went out; its returning producer answers the last.
+    policy = dataclasses.replace(P, check_max=3)
+    tx = _checked(registered(policy=policy), 20, policy)
+    tx = apply(tx, answer(UNKNOWN, 20), T0, policy)[0]  # type: ignore[assignment]
+    assert tx.checks_answered == 1
+    _, effects = on_timeout(tx, tx.deadline, policy)
+    assert kinds(effects) == [RequestCheck, Note]  # check 21, not a discard
 
 
 def test_answer_without_a_check_number_answers_the_latest_check_once() -> None:
     tx = _checked(registered(), 2)
     for _ in range(4):  # a duplicated answer must not count again
         new, _ = apply(tx, answer(UNKNOWN, None), T0 + 1, P)
-        assert new is not None and new.checks_answered == 2
+        assert new is not None and new.checks_answered == 1 and new.last_answered == 2
         tx = new
 
 
-def test_answer_to_a_check_never_sent_counts_only_the_checks_sent() -> None:
+def test_answer_to_a_check_never_sent_counts_nothing() -> None:
     tx = _checked(registered(), 1)
     new, _ = apply(tx, answer(UNKNOWN, 99), T0 + 1, P)
-    assert new is not None and new.checks_answered == 1
+    assert new is not None and new.checks_answered == 0
 
 
 def test_check_max_counts_answered_checks_only() -> None:

@@ -125,9 +125,15 @@ def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
     assert visible.lag_ms == 100 and visible.not_before_ms is None
     tx = saved(later).get(TXID)
     assert tx is not None and tx.status is Status.COMMITTED and tx.half is None
-    assert later._timeout_timestamp == T0 + 1_000 + 120_000 - 500
-    # Once forgotten, the key is empty: its state is removed and its timer cleared.
-    gone = group_state(T0 + 121_000, later.get[0], timed_out=True)
+    assert later._timeout_timestamp == T0 + 1_000 + 120_000  # no lead: only checks run ahead
+    # Once forgotten, the key keeps the outcome alone, until the half's reserved time ...
+    kept = group_state(T0 + 121_000, later.get[0], timed_out=True)
+    rows = call(kept)
+    reserved_end = T0 + POLICY.reserved_time
+    assert kinds(rows) == [Kind.TIMER] and rows[0].not_before_ms == reserved_end
+    assert saved(kept).get(TXID) is None and len(saved(kept).outcomes) == 1
+    # ... then it is empty: its state is removed and its timer cleared.
+    gone = group_state(reserved_end, kept.get[0], timed_out=True)
     rows = call(gone)
     assert kinds(rows) == [Kind.TIMER] and rows[0].not_before_ms is None
     assert not gone.exists

@@ -11,23 +11,26 @@ from hypothesis import strategies as st
 
 from txstream.errors import MalformedRecord
 from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
-from txstream.topics import Topics
-from txstream.wire import (
-    RESERVED_HEADERS,
-    H,
-    Record,
+from txstream.outputs import (
     decode_check,
-    decode_end,
-    decode_half,
     decode_history,
     decode_visible,
     encode_check,
     encode_dead_letter,
     encode_discard,
-    encode_end,
-    encode_half,
     encode_history,
     encode_visible,
+)
+from txstream.refusals import Code
+from txstream.topics import Topics
+from txstream.wire import (
+    RESERVED_HEADERS,
+    H,
+    Record,
+    decode_end,
+    decode_half,
+    encode_end,
+    encode_half,
     header_dict,
     pack_headers,
     unpack_headers,
@@ -147,15 +150,26 @@ def test_unknown_decision_alias_is_the_rocketmq_spelling() -> None:
     assert header_dict(encode_end(e, TOPICS).headers)[H.COMMIT_OR_ROLLBACK] == "UNKNOW"
 
 
+def _as_stored(request_message: Message) -> Message:
+    """A check's message without the properties the request adds (RocketMQ's system ones)."""
+    kept = {k: v for k, v in request_message.properties.items() if k not in RESERVED_HEADERS}
+    return dataclasses.replace(request_message, properties=kept)
+
+
 @FAST
-@given(messages(), ints)
-def test_check_round_trip(m: Message, times: int) -> None:
-    rec = encode_check(m, times, TOPICS)
+@given(messages(), ints, st.none() | st.integers(0, 2**62))
+def test_check_round_trip(m: Message, times: int, valid_until: int | None) -> None:
+    rec = encode_check(m, times, TOPICS, valid_until)
     assert rec.topic == TOPICS.check(m.producer_group or "")
-    back, back_times = decode_check(rec.key, rec.value, rec.headers)
-    assert back_times == times
-    # A check listener needs no immunity time: it is not sent.
-    assert back == dataclasses.replace(m, check_immunity_time_s=None)
+    back, back_times, back_until = decode_check(rec.key, rec.value, rec.headers)
+    assert (back_times, back_until) == (times, valid_until)
+    # The half message as it was stored, its immunity included ...
+    assert _as_stored(back) == m
+    # ... and what a Java listener reads through getProperty.
+    assert back.get_property("TRANSACTION_CHECK_TIMES") == str(times)
+    assert back.get_property("PGROUP") == m.producer_group
+    assert back.get_property("UNIQ_KEY") == m.msg_id
+    assert back.get_property("TRAN_MSG") == "true"
 
 
 @FAST
@@ -165,15 +179,18 @@ def test_visible_round_trip(m: Message) -> None:
     assert rec.topic == m.topic
     assert rec.key == (m.keys.encode() if m.keys else None)
     back = decode_visible(rec.topic, rec.key, rec.value, rec.headers)
-    assert back == dataclasses.replace(m, check_immunity_time_s=None)
+    assert _as_stored(back) == dataclasses.replace(m, check_immunity_time_s=None)
+    # What a Java consumer reads with getProperty on a released message.
+    assert back.get_property("TRAN_MSG") == "true"
+    assert back.get_property("PGROUP") == m.producer_group
 
 
 def test_discard_round_trip() -> None:
     m = msg()
     rec = encode_discard(m, "still unknown after 15 answered checks", 15, TOPICS)
     assert rec.topic == TOPICS.discard and rec.key == b"tx-1" and rec.value == b"hello"
-    back, times = decode_check(rec.key, rec.value, rec.headers)
-    assert times == 15 and back == dataclasses.replace(m, check_immunity_time_s=None)
+    back, times, _ = decode_check(rec.key, rec.value, rec.headers)
+    assert times == 15 and _as_stored(back) == m  # the half message as stored, with headers
     h = header_dict(rec.headers)
     assert h[H.DISCARD_REASON] == "still unknown after 15 answered checks"
     assert h[H.REAL_TOPIC] == "orders"
@@ -184,12 +201,13 @@ def test_discard_round_trip() -> None:
     encode_half(msg(), TOPICS),
 ])
 def test_dead_letter_keeps_the_original_record(original: Record) -> None:
-    dead = encode_dead_letter(original, "why not", 4, 1234, TOPICS)
+    dead = encode_dead_letter(original, "why not", Code.WRONG_GROUP, (4, 1234), TOPICS)
     assert dead.topic == TOPICS.dead_letter
     assert (dead.key, dead.value) == (original.key, original.value)
     assert dead.headers[: len(original.headers)] == original.headers
     h = header_dict(dead.headers)
     assert h[H.DLQ_REASON] == "why not" and h[H.DLQ_ORIGIN_TOPIC] == original.topic
+    assert h[H.DLQ_CODE] == "WRONG_GROUP" and H.DLQ_ORIGINAL_BYTES not in h
     assert (h[H.DLQ_ORIGIN_PARTITION], h[H.DLQ_ORIGIN_OFFSET]) == ("4", "1234")
     # The dead letter still decodes to the event it carries: it can be replayed as is.
     decode = decode_half if original.topic == TOPICS.half else decode_end
@@ -204,7 +222,8 @@ def test_dead_letter_keeps_the_original_record(original: Record) -> None:
                        st.none() | st.booleans() | st.integers() | words, max_size=4))
 def test_history_round_trip(txid: str, at: int, event: str, detail: dict[str, object]) -> None:
     lines = [(txid, at, event, detail), (txid + "2", at + 1, "released", {})]
-    rec = encode_history(lines, b"7", TOPICS)
+    [(rec, held)] = list(encode_history(lines, b"7", TOPICS))
+    assert held == lines
     assert rec.topic == TOPICS.history and rec.key == b"7"
     assert decode_history(rec.value, rec.key) == [
         {"transaction_id": txid, "at": at, "event": event, **detail},
@@ -291,12 +310,17 @@ def test_half_missing_required_header(name: str, value: bytes | None) -> None:
     (H.BORN_TIMESTAMP, "١٢٣".encode()),  # Arabic-Indic digits: int() takes them, Java does not
     (H.BORN_TIMESTAMP, str(2**63).encode()),  # does not fit a Kafka/Spark long
     (H.BORN_TIMESTAMP, b"9" * 5000),  # past Python's int-parsing limit
-    (H.CHECK_IMMUNITY, b"-1"),
+    (H.CHECK_IMMUNITY, b"-2"),  # -1 is RocketMQ's "not set"; nothing below it means anything
     (H.CHECK_IMMUNITY, str(2**31).encode()),  # does not fit the int column
 ])
 def test_half_bad_integer_header(name: str, value: bytes) -> None:
     reason = _reason(decode_half, b"tx", b"v", half_headers(**{name: value}))
     assert name in reason and "integer" in reason
+
+
+def test_check_immunity_minus_one_is_rocketmqs_not_set() -> None:
+    m = decode_half(b"tx", b"v", half_headers(**{H.CHECK_IMMUNITY: b"-1"}))
+    assert m.check_immunity_time_s == -1  # the timers then use the transaction timeout
 
 
 def test_end_bad_check_times() -> None:

@@ -23,11 +23,13 @@ class ConfigError(TxStreamError, ValueError):
 
 
 class MalformedRecord(TxStreamError, ValueError):
-    """A Kafka record cannot be decoded as a txstream event; ``reason`` says why."""
+    """A Kafka record cannot be decoded as a txstream event; ``reason`` says why, ``code``
+    says so for programs (one of ``txstream.refusals.Code``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str = "MALFORMED_HEADERS") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
 
 
 class InvalidMessage(TxStreamError, ValueError):

@@ -11,12 +11,26 @@ from enum import Enum
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "CHECK_IMMUNITY_PROPERTY",
+    "immunity_seconds",
     "Decision",
     "Message",
     "EndEvent",
+    "RawRecord",
 ]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # RocketMQ's default maxMessageSize
+# RocketMQ's MessageConst.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS.
+CHECK_IMMUNITY_PROPERTY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+
+
+def immunity_seconds(value: object) -> int:
+    """A check immunity time given as RocketMQ's property text ("30", "-1")."""
+    text = value.strip() if isinstance(value, str) else None
+    if text is None or not (text.isascii() and text.lstrip("-").isdigit()):
+        raise ValueError(f"{CHECK_IMMUNITY_PROPERTY} must be a whole number of seconds or -1, "
+                         f"got {value!r}")
+    return int(text)
 
 
 class Decision(str, Enum):
@@ -54,22 +68,43 @@ class Message:
     queue_id: int | None = None
     queue_offset: int | None = None
     reconsume_times: int = 0
+    # When the broker stored it (its record timestamp): the coordinator's check on the
+    # producer's clock (state.timing).
+    stored_timestamp: int | None = None
 
     def set_check_immunity_time(self, seconds: int) -> None:
-        """RocketMQ's ``PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS``: no back-check before then."""
-        if not isinstance(seconds, int) or seconds < 0:
-            raise ValueError("check immunity time must be a non-negative number of seconds")
+        """RocketMQ's ``PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS``: no back-check before then;
+        -1 (RocketMQ's "not set") means the transaction timeout."""
+        if not isinstance(seconds, int) or seconds < -1:
+            raise ValueError("check immunity time must be a number of seconds, or -1")
         self.check_immunity_time_s = seconds
 
     def get_property(self, name: str) -> str | None:
         return self.properties.get(name)
 
     def put_user_property(self, name: str, value: str) -> None:
+        """A user property; RocketMQ's check immunity property, which Java users set this way,
+        sets :meth:`set_check_immunity_time`."""
+        if name == CHECK_IMMUNITY_PROPERTY:
+            self.set_check_immunity_time(immunity_seconds(value))
+            return
         self.properties[name] = value
 
     @property
     def body_text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A record as it was read from the end topic, for a dead letter byte for byte: where it
+    lay, its key, its value and its headers (packed, ``txstream.headers.pack_headers``)."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +124,9 @@ class EndEvent:
     operator: str | None = None
     remark: str | None = None
     born_timestamp: int | None = None
+    # The record it was decoded from, if it was read from Kafka: a refused end event goes to
+    # the dead-letter topic as it came, even one held in the state for a while.
+    raw: RawRecord | None = field(default=None, compare=False, repr=False)
 
     @property
     def by_admin(self) -> bool:

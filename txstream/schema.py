@@ -51,7 +51,9 @@ class Kind:
     DEAD_LETTER = "dead_letter"
     HISTORY = "history"
     # Not a record: a state key's next timeout (``not_before_ms``; null: none), which the sink
-    # folds into the timer schedule (txstream.timer_schedule) instead of writing it.
+    # folds into the timer schedule (txstream.timer_schedule) instead of writing it. Its
+    # ``value`` is the key's metrics of the batch (streaming.engine.key_metrics), which the
+    # query observes: no column of its own, so no other row pays for it.
     TIMER = "timer"
 
     ALL = (VISIBLE, CHECK, DISCARD, DEAD_LETTER, HISTORY, TIMER)
@@ -69,6 +71,8 @@ class EventRow(NamedTuple):
     value: Annotated[bytes | None, "binary"]
     headers: Annotated[bytes | None, "binary"]  # txstream.wire.pack_headers
     error: Annotated[str | None, "string"]  # the Kafka client could not read the record at all
+    # The record's timestamp (ms): when the broker stored it, with LogAppendTime topics.
+    timestamp: Annotated[int | None, "bigint"]
 
 
 class OutputRow(NamedTuple):

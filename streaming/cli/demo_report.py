@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from streaming.cli.demo_clients import SeedListener
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, TopicReader
+from txstream.outputs import decode_history
 from txstream.topics import Topics
-from txstream.wire import decode_history
 
 __all__ = ["Outcomes", "HistoryWatch", "format_progress", "format_summary",
            "OUTCOMES"]

@@ -3,8 +3,8 @@
 Every flag ``--check-max`` has a variable ``TXSTREAM_CHECK_MAX``; a flag beats the variable,
 the variable beats the default. The flags of ``txstream run`` become one validated
 :class:`~streaming.engine.config.RunConfig` (:func:`config_from_args`); the Kafka flags every
-command shares become :class:`~txstream.kafka.KafkaSettings` (TLS/SASL variables included,
-``KafkaSettings.from_env``), so one exported environment serves every command.
+command shares become :class:`~txstream.kafka.KafkaSettings` (TLS/SASL variables included, and
+``--kafka-config``/``-X`` client properties), so one exported environment serves every command.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from streaming.engine.config import (
 from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
+from txstream.kafka.properties import canonical_name, is_secret, read_properties
 from txstream.options import parse_bool
 from txstream.topics import Topics
 
@@ -41,12 +42,16 @@ _POLICY_FLAGS: list[tuple[str, str, str]] = [
     ("reserved-time", "duration", "discard half messages older than this (fileReservedTime)"),
     ("orphan-end-timeout", "duration", "how long an end event waits for its half message"),
     ("resolved-retention", "duration", "how long resolved transactions are remembered"),
-    ("timer-lead", "duration", "timers due this soon after a micro-batch starts run in it; "
+    ("timer-lead", "duration", "checks due this soon after a micro-batch starts run in it; "
                                "their records wait for the deadline (0: off)"),
+    ("max-clock-skew", "duration", "a producer's born time further than this from the "
+                                   "broker's timestamp is not trusted (default 10s)"),
+    ("check-backoff-max", "int", "unanswered checks come twice as far apart each time, up to "
+                                 "this many intervals (default 16; 1: every interval)"),
 ]
 # Flags of RunConfig fields given as they are (numbers and names), by field name.
 _PLAIN_FIELDS = ("buckets", "key_shards", "shuffle_partitions", "state_store",
-                 "max_offsets_per_trigger", "jit", "driver_memory")
+                 "max_offsets_per_trigger", "max_message_bytes", "jit", "driver_memory")
 _SECURITY_FLAGS = ("security-protocol", "sasl-mechanism", "sasl-username", "sasl-password",
                    "ssl-cafile", "ssl-certfile", "ssl-keyfile")
 
@@ -58,11 +63,17 @@ def env(flag: str) -> str | None:
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     """Where the broker is, how to reach it, and the coordinator's topic prefix."""
-    p.add_argument("--bootstrap-servers", default=env("bootstrap-servers"),
+    p.add_argument("--bootstrap-servers", default=_env_bootstrap(), action=_BootstrapFlag,
                    help="Kafka HOST:PORT[,...] (env TXSTREAM_BOOTSTRAP_SERVERS)")
     p.add_argument("--topic-prefix", default=env("topic-prefix") or "",
                    help="prefix of every system topic, as the coordinator was given it "
                         "(env TXSTREAM_TOPIC_PREFIX)")
+    p.add_argument("--kafka-config", metavar="FILE", default=env("kafka-config"),
+                   action=_KafkaConfig,
+                   help="Kafka client properties, as Kafka's tools take them (Kafka's names; "
+                        "env TXSTREAM_KAFKA_CONFIG)")
+    p.add_argument("-X", dest="kafka_property", metavar="KEY=VALUE", action=_KafkaProperty,
+                   help="a Kafka client property (repeatable; beats --kafka-config)")
     for flag in _SECURITY_FLAGS:
         p.add_argument(f"--{flag}", default=None,
                        help=argparse.SUPPRESS if flag != "security-protocol" else
@@ -73,11 +84,79 @@ def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_of(args: argparse.Namespace, bootstrap_servers: str | None = None
                 ) -> KafkaSettings:
-    """The Kafka settings of the parsed flags; TLS/SASL flags beat their variables."""
+    """The Kafka settings of the parsed flags, setting by setting: ``TXSTREAM_*`` variables <
+    the ``--kafka-config`` file (or ``TXSTREAM_KAFKA_CONFIG``'s) < ``-X`` < the named flags.
+    A secret given on the command line is used, with a warning."""
     given = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_"), None)
              for flag in _SECURITY_FLAGS}
-    return KafkaSettings.from_env(bootstrap_servers=bootstrap_servers or args.bootstrap_servers,
-                                  **given)
+    pairs = getattr(args, "kafka_property", None) or []
+    shown = (["--sasl-password"] if given["sasl_password"] else []) + [
+        f"-X {key}" for key, _ in pairs if is_secret(key)]
+    if shown:
+        logging.getLogger("txstream.kafka").warning(
+            "%s on the command line is visible in the process list: prefer --kafka-config, "
+            "TXSTREAM_SASL_PASSWORD or TXSTREAM_SASL_PASSWORD_FILE", ", ".join(shown))
+    return KafkaSettings.from_properties(
+        {canonical_name(key): value for key, value in pairs},
+        file=getattr(args, "kafka_config", None), env=True, client_role="cli",
+        bootstrap_servers=bootstrap_servers or args.bootstrap_servers, **given)
+
+
+# Where args.bootstrap_servers came from; each source beats those before it, as in
+# settings_of. run and demo start an embedded broker when it stays empty, so servers given in
+# the properties file or by -X must land there while the flags are parsed.
+_FROM_ENV, _FROM_FILE, _FROM_X, _FROM_FLAG = range(4)
+
+
+def _offer_bootstrap(ns: argparse.Namespace, servers: str | None, rank: int) -> None:
+    if rank >= getattr(ns, "kafka_bootstrap_rank", _FROM_ENV):
+        ns.bootstrap_servers, ns.kafka_bootstrap_rank = servers, rank
+
+
+def _file_bootstrap(path: str) -> str | None:
+    props = read_properties(path)
+    return next((str(v).strip() for k, v in props.items()
+                 if canonical_name(k) == "bootstrap.servers"), None)
+
+
+def _env_bootstrap() -> str | None:
+    """TXSTREAM_KAFKA_CONFIG's servers, else TXSTREAM_BOOTSTRAP_SERVERS. A file that cannot be
+    read is reported by settings_of, not while the parsers are built."""
+    path = env("kafka-config")
+    try:
+        servers = _file_bootstrap(path) if path else None
+    except ConfigError:
+        servers = None
+    return servers or env("bootstrap-servers")
+
+
+class _BootstrapFlag(argparse.Action):
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        _offer_bootstrap(ns, values, _FROM_FLAG)
+
+
+class _KafkaConfig(argparse.Action):
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            servers = _file_bootstrap(values)
+        except ConfigError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        ns.kafka_config = values
+        # This file replaces TXSTREAM_KAFKA_CONFIG's, servers included.
+        _offer_bootstrap(ns, servers or env("bootstrap-servers"), _FROM_FILE)
+
+
+class _KafkaProperty(argparse.Action):
+    def __call__(self, parser: Any, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        key, sep, value = str(values).partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentError(self, "wants KEY=VALUE")  # never echo: maybe a secret
+        ns.kafka_property = [*(getattr(ns, "kafka_property", None) or []), (key.strip(), value)]
+        if canonical_name(key) == "bootstrap.servers":
+            _offer_bootstrap(ns, value.strip(), _FROM_X)
 
 
 def topics_of(args: argparse.Namespace) -> Topics:
@@ -153,6 +232,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the Spark driver's heap, where local state lives (default "
                         f"{DEFAULT_DRIVER_MEMORY})")
     p.add_argument("--max-offsets-per-trigger", type=int, default=env("max-offsets-per-trigger"))
+    p.add_argument("--max-message-bytes", type=int, default=env("max-message-bytes"),
+                   help="the largest record the coordinator writes (default 1048588, Kafka's "
+                        "message.max.bytes): a half message whose records would be bigger is "
+                        "dead-lettered as it comes")
     p.add_argument("--metrics-port", type=int, default=env("metrics-port"),
                    help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default=env("metrics-host") or "0.0.0.0",

@@ -8,8 +8,9 @@ import json
 import re
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from streaming.cli import require_coordinator
 from streaming.cli.options import (
     add_spark_arguments,
     env,
@@ -18,8 +19,10 @@ from streaming.cli.options import (
     spark_conf_of,
 )
 from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, check_driver_memory
-from streaming.engine.state_reader import PendingRow, read_pending
 from txstream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from streaming.engine.state_reader import PendingRow
 
 __all__ = ["add_parser", "pending_command", "format_table"]
 
@@ -69,6 +72,7 @@ def add_parser(sub: Any) -> None:
 
 
 def pending_command(args: argparse.Namespace) -> int:
+    require_coordinator("txstream pending")
     from streaming.engine.checkpoint import Checkpoint
     from streaming.engine.session import build_session
 
@@ -94,6 +98,8 @@ def pending_command(args: argparse.Namespace) -> int:
     if batch is None:
         print(f"no committed batch in {location} yet: nothing is pending", file=note)
         return 0
+    from streaming.engine.state_reader import read_pending  # the state's code: numpy and all
+
     try:
         rows = read_pending(spark, location, batch_id=batch)
     except Exception as exc:  # Spark's errors: a wall of JVM trace; keep the line that says why

@@ -8,6 +8,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
+from streaming.cli import require_coordinator
 from streaming.cli.options import add_run_arguments, config_from_args, set_log_level
 from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
 from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig
@@ -70,6 +71,7 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
 
 
 def run_command(args: argparse.Namespace) -> int:
+    require_coordinator("txstream run")
     set_log_level(args.log_level)
     failure = None
     with ExitStack() as stack:

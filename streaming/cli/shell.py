@@ -1,7 +1,8 @@
 """``txstream produce`` and ``txstream consume``: the client library from a shell.
 
     txstream produce --topic T --group G [--commit | --rollback | --unknown] BODY...
-    txstream consume --topic T [--tags "A || B"] [--group G] [--count N] [--timeout S]
+    txstream consume --topic T [--tags "A || B"] [--group G] [--from first|last] [--count N]
+                     [--timeout S]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from client import (
+    ConsumeFromWhere,
     ConsumeStatus,
     LocalTransactionState,
     Message,
@@ -28,6 +30,10 @@ from streaming.cli.signals import interrupt_on_signals
 __all__ = ["add_parser", "produce_command", "consume_command", "format_message",
            "FixedListener"]
 
+_FROM = {
+    "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    "last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+}
 _DECISIONS = {
     "commit": LocalTransactionState.COMMIT_MESSAGE,
     "rollback": LocalTransactionState.ROLLBACK_MESSAGE,
@@ -89,7 +95,12 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--topic", required=True)
     c.add_argument("--tags", default="*", help='tag expression: "*" or "TagA || TagB"')
     c.add_argument("--group", default=None,
-                   help="consumer group (default: a new one, which starts at the beginning)")
+                   help="consumer group (default: a new one each time)")
+    c.add_argument("--from", dest="start", choices=sorted(_FROM), default="first",
+                   help="where a group without committed offsets starts: 'first' (the "
+                        "default here: a shell shows what was released so far) or 'last' "
+                        "(only what is released from now on, RocketMQ's default); a group "
+                        "resumes at its committed offsets")
     c.add_argument("--count", type=int, default=None, help="stop after N messages")
     c.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="stop after this long (default: run until Ctrl-C)")
@@ -123,7 +134,7 @@ def produce_command(args: argparse.Namespace) -> int:
             ok = result.end_acknowledged
             failed += 0 if ok else 1
             print(f"{result.transaction_id}  {result.local_transaction_state.value:<16} "
-                  f"half {result.topic}[{result.partition}]@{result.offset}"
+                  f"half {result.half_topic}[{result.half_partition}]@{result.half_offset}"
                   f"{'' if ok else '  (end event NOT acknowledged: a back-check decides)'}"
                   f"  | {body}", flush=True)
         if args.stay > 0:
@@ -154,10 +165,14 @@ def _consume(args: argparse.Namespace) -> int:
                 enough.set()
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(group, kafka=settings_of(args), topic_prefix=args.topic_prefix)
+    # One listener thread: a partition's messages are printed in the order they were released.
+    consumer = PushConsumer(group, kafka=settings_of(args), topic_prefix=args.topic_prefix,
+                            consume_from_where=_FROM[args.start], consume_thread_min=1,
+                            consume_thread_max=1)
     consumer.subscribe(args.topic, args.tags)
     consumer.register_message_listener(on_messages)
-    print(f"consuming {args.topic} ({args.tags}) as group {group}"
+    print(f"consuming {args.topic} ({args.tags}) as group {group} (without a committed "
+          f"offset: from the {args.start})"
           + (f", until {args.count} message(s)" if args.count else "")
           + (f", for at most {args.timeout:g}s" if args.timeout else ""), file=sys.stderr,
           flush=True)

@@ -19,6 +19,7 @@ from state.policy import Policy
 from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
+from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.topics import Topics
 
 __all__ = [
@@ -71,6 +72,9 @@ class RunConfig:
     driver_memory: str = DEFAULT_DRIVER_MEMORY  # the driver's heap, which holds the local state
     max_offsets_per_trigger: int | None = 20_000
     topic_partitions: int = 2  # partitions of the half and end topics when txstream creates them
+    # The largest record the coordinator writes (Kafka's message.max.bytes, 1 MB by default):
+    # bigger ones are refused or dead-lettered as a reference, never left to fail a batch.
+    max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
     history: bool = True  # write every transition to the history topic (txstream history)
     # Spark: the cluster manager (None: spark-submit's, or local[2]), settings that beat
     # txstream's own (streaming.engine.session), and the log level (None: log4j's config).
@@ -98,6 +102,8 @@ class RunConfig:
             raise ConfigError("state store must be 'default' or 'rocksdb'")
         if self.jit not in JIT_OPTIONS:
             raise ConfigError(f"jit must be one of {', '.join(JIT_OPTIONS)}, not {self.jit!r}")
+        if self.max_message_bytes < 1024:
+            raise ConfigError("the largest message must be at least 1024 bytes")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
         try:

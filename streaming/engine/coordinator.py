@@ -47,7 +47,15 @@ class Coordinator:
 
     def start(self) -> Coordinator:
         from streaming.engine.progress import ProgressListener
+        from txstream.kafka.provision import coordinator_topics, create_command, ensure_topics
 
+        # Before Spark starts: a missing topic the broker may not auto-create is said in one
+        # line, and those it may are created here, with their partitions and retention.
+        specs = coordinator_topics(self.config.topics, self.config.topic_partitions)
+        command = create_command(self.config.kafka, self.config.topics)
+        created = ensure_topics(self.config.kafka, specs, command)
+        if created and self.emit:
+            self.emit(f"created topics {', '.join(created)}")
         self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         self.spark.streams.addListener(self.listener)

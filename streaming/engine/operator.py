@@ -5,10 +5,10 @@ Per call (one state key, one micro-batch): decode the key's state, decode each r
 ``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
 earliest transaction deadline less that lead, and turn the core's effects into records to
 write, plus one timer row with the key's new timeout for the driver's timer schedule
-(:mod:`txstream.timer_schedule`). ``now`` is Spark's batch timestamp, which a replayed batch
-keeps, so a replay emits exactly what the first run emitted (with the same lead), under the
-same record ids (:func:`record_id`): that is what lets the sink skip what a crashed run
-already wrote.
+(:mod:`txstream.timer_schedule`) and the call's metrics (:mod:`streaming.engine.key_metrics`).
+``now`` is Spark's batch timestamp, which a replayed batch keeps, so a replay emits exactly
+what the first run emitted (with the same lead), under the same record ids
+(:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
@@ -23,18 +23,21 @@ from sources.events import Malformed, parse_event
 from state.bucket import Bucket
 from state.effects import Note
 from state.policy import Policy
+from streaming.engine.key_metrics import Counted, KeyTally
 from streaming.engine.records import (
     Emit,
     coordinator_tag,
     dead_letter_of_record,
-    history_row,
+    history_rows,
     output_frame,
     output_rows,
     record_id,
     records_for,
     timer_row,
 )
-from txstream.message import MAX_BODY_BYTES
+from txstream.message import MAX_BODY_BYTES, EndEvent
+from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.refusals import Code
 from txstream.schema import EventRow
 from txstream.spark_worker import settle
 from txstream.topics import Topics
@@ -62,43 +65,52 @@ def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]
 
 
 def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
-    """Save the key's state and arm its timeout at its earliest deadline less the timer lead;
-    returns the timeout Spark armed (None: the key is empty and keeps no state)."""
-    deadline = bucket.next_deadline()
-    if deadline is None:
+    """Save the key's state and arm its timeout when it must next run (a check's deadline
+    less the timer lead, any other timer's deadline); returns the timeout Spark armed (None:
+    the key is empty and keeps no state)."""
+    wakeup = bucket.next_wakeup(policy.timer_lead, policy)
+    if wakeup is None:
         # An empty key keeps no state; its next numbering starts at a later batch time.
         state.remove()
         return None
     state.update((bucket.encode(),))
-    duration = max(1, deadline - policy.timer_lead - now)
+    duration = max(1, wakeup - now)
     state.setTimeoutDuration(duration)
     return now + duration  # what Spark arms: the batch's time plus the duration
 
 
 def coordinator_function(
-    policy: Policy, topics: Topics, max_body: int = MAX_BODY_BYTES
+    policy: Policy, topics: Topics, max_body: int = MAX_BODY_BYTES,
+    max_record: int = KAFKA_MAX_MESSAGE_BYTES,
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
     """The function for ``groupBy("state_key").applyInPandasWithState``.
 
-    ``max_body``: a bigger half message is dead-lettered (RocketMQ's maxMessageSize). The
-    history row is always emitted: the query's counters are read from it before ``--no-history``
-    filters it out.
+    ``max_body``: a bigger half message is dead-lettered (RocketMQ's maxMessageSize);
+    ``max_record``: the largest record the coordinator may write (``--max-message-bytes``): a
+    half message whose records would be bigger is refused as it comes, and a dead letter too
+    big to carry the refused record carries a reference to it. The history rows are always
+    emitted: the query's counters are read from them before ``--no-history`` filters them out.
     """
     tag = coordinator_tag(topics)
 
     def apply_events(bucket: Bucket, frames: Iterator[pd.DataFrame], now: int,
-                     notes: list[Note]) -> list[Emit]:
+                     notes: list[Note], tally: KeyTally) -> list[Emit]:
         rows: list[Emit] = []
-        for kind, partition, offset, k, v, h, error in in_replay_order(frames):
-            event = parse_event(kind, k, v, h, partition, offset, max_body) if error is None \
-                else Malformed(error)
+        for kind, partition, offset, k, v, h, error, stamp in in_replay_order(frames):
+            event = (parse_event(kind, k, v, h, partition, offset, max_body, max_record, stamp)
+                     if error is None else Malformed(error, Code.UNREADABLE))
             if isinstance(event, Malformed):
-                rows.append(dead_letter_of_record(kind, k, v, h, partition, offset,
-                                                  event.reason, topics))
+                rows.append(dead_letter_of_record(kind, k, v, h, partition, offset, event,
+                                                  topics, max_record))
+                tally.count(Counted.DEAD_LETTERS, event.code)
                 continue
+            # Decoded here or by apply, once: an end event's transaction as it was.
+            before = (bucket.get(event.transaction_id)
+                      if isinstance(event, EndEvent) and event.transaction_id else None)
             effects = bucket.apply(event, now, policy)
-            rows.extend(records_for(effects, now, topics, (event, partition, offset)))
+            rows.extend(records_for(effects, now, topics, limit=max_record))
             notes.extend(e for e in effects if isinstance(e, Note))
+            tally.applied(event, before, effects)
         return rows
 
     def coordinate(
@@ -109,20 +121,23 @@ def coordinator_function(
         state_key = int(key[0])
         bucket = Bucket.decode(state.get[0] if state.exists else None)
         notes: list[Note] = []
-        rows = apply_events(bucket, frames, now, notes)
+        tally = KeyTally(now)
+        rows = apply_events(bucket, frames, now, notes, tally)
         # Events first: a commit in this batch spares the transaction a check due now.
         # Timers due within the lead run now, as of their deadlines, and the sink holds their
         # records until then: the batch's own run time is then mostly behind them.
         for at, fired in bucket.run_timers(now, policy.timer_lead, policy):
-            rows.extend(records_for(fired, now, topics, not_before=at if at > now else None))
+            rows.extend(records_for(fired, now, topics, not_before=at if at > now else None,
+                                    limit=max_record))
             notes.extend(e for e in fired if isinstance(e, Note))
-        if notes:
-            rows.append(history_row(notes, state_key, topics))
+            tally.effects(fired)
+        rows.extend(history_rows(notes, state_key, topics, max_record))
         # Numbered before the state is saved: the numbers taken are part of this batch's state.
         epoch, first = bucket.take_numbers(len(rows), now)
         ids: list[str | None] = [record_id(tag, state_key, epoch, first + i)
                                  for i in range(len(rows))]
-        rows.append(timer_row(state_key, _arm(state, bucket, now, policy)))
+        armed = _arm(state, bucket, now, policy)
+        rows.append(timer_row(state_key, armed, tally.summary(state_key, bucket)))
         ids.append(None)
         yield output_frame(output_rows(rows, ids, now))
 

@@ -3,7 +3,7 @@
     txstream-events (half + end topics), each record with its state key      [state.keys]
       -> groupBy(state_key).applyInPandasWithState(ProcessingTimeTimeout)
                                                         [streaming.engine.operator]
-      -> observe(per-kind counters)                     [streaming.engine.progress]
+      -> observe(per-kind counters, keys' metrics)      [streaming.engine.progress, board]
       -> txstream-records (real topics, check topics, discard, dead letter, history)
 
 The query is built from three pieces, each usable alone: :func:`event_stream` (the source),
@@ -30,13 +30,14 @@ from sinks.kafka_sink import SinkOptions
 from sources.kafka_io import SourceOptions
 from streaming.engine.checkpoint import Checkpoint, pin_layout
 from streaming.engine.config import RunConfig
+from streaming.engine.key_metrics import KEY_SUMMARIES
 from streaming.engine.operator import coordinator_function
 from streaming.engine.timers import restore_schedule
 from txstream.options import to_options
 from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
 
 __all__ = ["event_stream", "stateful_outputs", "record_writer", "build_stream",
-           "prepare_checkpoint", "start_coordinator", "OBSERVATION"]
+           "prepare_checkpoint", "start_coordinator", "OBSERVATION", "KEY_SUMMARIES"]
 
 OBSERVATION = "txstream"
 
@@ -68,6 +69,9 @@ def _observed_metrics() -> list[Any]:
         F.max(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_max_ms"),
         F.sum(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_sum_ms"),
         count((kind == Kind.VISIBLE) & F.col("lag_ms").isNotNull(), "visible_lag_count"),
+        # Each key's metrics of the batch, from its timer row (streaming.engine.key_metrics).
+        F.collect_list(F.when(kind == Kind.TIMER, F.col("value").cast("string")))
+        .alias(KEY_SUMMARIES),
     ]
 
 
@@ -106,7 +110,9 @@ def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
 def record_writer(outputs: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The ``DataStreamWriter`` of ``outputs`` to Kafka (``txstream-records``), not started;
     with a ``timer_file``, each committed batch folds its keys' timeouts into it."""
-    options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None)
+    options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None,
+                          dead_letter_topic=config.topics.dead_letter,
+                          max_message_bytes=config.max_message_bytes)
     return (
         outputs.writeStream.format("txstream-records")
         .options(**to_options(options))
@@ -121,8 +127,9 @@ def build_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The coordinator's DataStreamWriter, not yet started."""
     from pyspark.sql import functions as F
 
-    outputs = stateful_outputs(event_stream(spark, config, timer_file),
-                               coordinator_function(config.policy, config.topics))
+    function = coordinator_function(config.policy, config.topics,
+                                    max_record=config.max_message_bytes)
+    outputs = stateful_outputs(event_stream(spark, config, timer_file), function)
     if not config.history:
         # After observe: the query's counters are read from the history rows.
         outputs = outputs.filter(F.col("kind") != Kind.HISTORY)

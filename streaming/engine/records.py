@@ -15,25 +15,22 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from sources.events import Malformed
 from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
-from txstream.message import Message
-from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, OutputRow
-from txstream.topics import Topics
-from txstream.wire import (
-    H,
-    Record,
+from txstream.message import EndEvent, Message
+from txstream.outputs import (
+    KAFKA_MAX_MESSAGE_BYTES,
     encode_check,
     encode_dead_letter,
     encode_discard,
-    encode_end,
-    encode_half,
     encode_history,
     encode_visible,
-    pack_headers,
-    unpack_headers,
 )
+from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, OutputRow
+from txstream.topics import Topics
+from txstream.wire import H, Record, encode_end, encode_half, pack_headers, unpack_headers
 
-__all__ = ["Emit", "records_for", "dead_letter_of_record", "history_row", "timer_row",
+__all__ = ["Emit", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
            "coordinator_tag", "record_id", "output_rows", "output_frame"]
 
 # Nullable integer columns need pandas' nullable dtypes to reach Arrow as integers.
@@ -51,62 +48,74 @@ class Emit(NamedTuple):
 
 
 def dead_letter_of_record(kind: int, key: Any, value: Any, headers: Any, partition: int,
-                          offset: int, reason: str, topics: Topics) -> Emit:
+                          offset: int, refusal: Malformed, topics: Topics,
+                          limit: int = KAFKA_MAX_MESSAGE_BYTES) -> Emit:
     """A record that is no event, written to the dead-letter topic as it was read."""
+    topic = topics.half if kind == EventKind.HALF else topics.end
     try:
         original_headers = tuple(unpack_headers(headers))
     except Exception:  # the packed headers are the source's own; keep the reason if not
         original_headers = ()
-    topic = topics.half if kind == EventKind.HALF else topics.end
     original = Record(topic, key, value, original_headers)
-    return Emit(Kind.DEAD_LETTER, encode_dead_letter(original, reason, partition, offset, topics))
+    return Emit(Kind.DEAD_LETTER, encode_dead_letter(
+        original, refusal.reason, refusal.code, (partition, offset), topics, limit))
+
+
+def _refused_event(effect: DeadLetter, topics: Topics, limit: int) -> Record:
+    """The dead letter of an event the core refused: as it was read when it was (an end event
+    keeps its record, also while held in the state), else as txstream encodes it."""
+    event = effect.event
+    if isinstance(event, EndEvent) and event.raw is not None:
+        raw = event.raw
+        original = Record(topics.end, raw.key, raw.value, tuple(unpack_headers(raw.headers)))
+        origin = (raw.partition, raw.offset)
+    else:
+        original = (encode_half(event, topics) if isinstance(event, Message)
+                    else encode_end(event, topics))
+        origin = (-1, -1)
+    return encode_dead_letter(original, effect.reason, effect.code, origin, topics, limit)
 
 
 def records_for(
     effects: Iterable[Effect],
     now: int,
     topics: Topics,
-    origin: tuple[Any, int, int] | None = None,
     not_before: int | None = None,
+    limit: int = KAFKA_MAX_MESSAGE_BYTES,
 ) -> Iterator[Emit]:
-    """The records the core's effects ask for, history notes aside (:func:`history_row`).
-    ``origin``: (event, partition, offset) read; ``not_before``: the sink holds the records
-    until then (a timer run ahead of its deadline)."""
+    """The records the core's effects ask for, history notes aside (:func:`history_rows`).
+    ``not_before``: the sink holds the records until then (a timer run ahead of its deadline);
+    ``limit``: the largest record the coordinator may write."""
     for effect in effects:
         if isinstance(effect, Release):
             lag = now - effect.committed_at if effect.committed_at is not None else None
             yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before)
         elif isinstance(effect, RequestCheck):
-            record = encode_check(effect.message, effect.check_times, topics)
+            record = encode_check(effect.message, effect.check_times, topics, effect.valid_until)
             yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before)
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
             yield Emit(Kind.DISCARD, record, None, None, not_before)
         elif isinstance(effect, DeadLetter):
-            event = effect.event
-            original = (
-                encode_half(event, topics) if isinstance(event, Message)
-                else encode_end(event, topics)
-            )
-            partition, offset = -1, -1
-            if origin is not None and origin[0] is event:
-                partition, offset = origin[1], origin[2]
-            record = encode_dead_letter(original, effect.reason, partition, offset, topics)
-            yield Emit(Kind.DEAD_LETTER, record, None, None, not_before)
+            yield Emit(Kind.DEAD_LETTER, _refused_event(effect, topics, limit), None, None,
+                       not_before)
 
 
-def history_row(notes: list[Note], key: int, topics: Topics) -> Emit:
-    """One history record for all of a key's notes in a batch, with the count of each event
-    (the query's observed metrics sum them)."""
-    record = encode_history(((n.transaction_id, n.at, n.event, n.detail) for n in notes),
-                            str(key).encode("ascii"), topics)
-    return Emit(Kind.HISTORY, record, history=dict(Counter(n.event for n in notes)))
+def history_rows(notes: list[Note], key: int, topics: Topics,
+                 limit: int = KAFKA_MAX_MESSAGE_BYTES) -> Iterator[Emit]:
+    """The history records of a key's notes in a batch (one, unless they would not fit in one
+    record), each with the count of each event it holds (the query's metrics sum them)."""
+    lines = [(n.transaction_id, n.at, n.event, n.detail) for n in notes]
+    for record, held in encode_history(lines, str(key).encode("ascii"), topics, limit):
+        yield Emit(Kind.HISTORY, record, history=dict(Counter(event for _, _, event, _ in held)))
 
 
-def timer_row(key: int, timeout_ms: int | None) -> Emit:
+def timer_row(key: int, timeout_ms: int | None, summary: bytes | None = None) -> Emit:
     """The key's processing-time timeout as Spark armed it (None: no timer), for the sink to
-    fold into the timer schedule; it is no record and takes no record number."""
-    return Emit(Kind.TIMER, Record("", str(key).encode("ascii"), None),
+    fold into the timer schedule, and in its value the key's metrics of the call
+    (:mod:`streaming.engine.key_metrics`), which the query observes; it is no record and
+    takes no record number."""
+    return Emit(Kind.TIMER, Record("", str(key).encode("ascii"), summary),
                 not_before_ms=timeout_ms)
 
 

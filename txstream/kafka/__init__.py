@@ -1,5 +1,9 @@
 """The Kafka module: settings, clients (made, cached, closed) and reading partitions to their end.
 
+Settings come from Kafka client properties by Kafka's names (:mod:`txstream.kafka.properties`:
+a properties file, ``-X key=value``), the ``TXSTREAM_*`` variables and named flags; OAUTHBEARER
+tokens from :mod:`txstream.kafka.oauth`.
+
 Every Kafka client txstream makes, in the client library, the Spark source and sink, the CLI
 and the benchmark, comes from here, so settings reach all of them the same way.
 """
@@ -9,6 +13,7 @@ from txstream.kafka.clients import (
     PATIENT_FETCH_WAIT_MS,
     TopicTrackingProducer,
     cached_client,
+    client_id,
     close_quietly,
     drop_cached_client,
     make_admin,
@@ -16,6 +21,7 @@ from txstream.kafka.clients import (
     make_producer,
     wait_for_broker,
 )
+from txstream.kafka.properties import parse_properties, read_properties
 from txstream.kafka.reading import (
     TopicReader,
     Unreadable,
@@ -32,6 +38,9 @@ __all__ = [
     "make_consumer",
     "make_admin",
     "wait_for_broker",
+    "client_id",
+    "parse_properties",
+    "read_properties",
     "TopicTrackingProducer",
     "cached_client",
     "drop_cached_client",

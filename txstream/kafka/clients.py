@@ -17,7 +17,7 @@ from kafka import KafkaProducer
 from txstream.errors import BrokerUnavailable
 from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker",
+__all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
            "TopicTrackingProducer", "cached_client", "drop_cached_client", "close_quietly",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
@@ -63,17 +63,44 @@ class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]
         return super().send(topic, *args, **kwargs)
 
 
-def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
-    """An idempotent, acks=all producer: a send counts only once the broker stored it."""
-    kw = settings.client_kwargs()
-    kw.update(
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=5,
-        max_request_size=8 * 1024 * 1024,
-        retries=5,
-    )
+# txstream's own defaults: the settings' properties beat them, the caller's overrides beat
+# both (a reader's fetch sizes, the sink's one request in flight, the client library's
+# timeouts). Values that would break a guarantee are refused with the settings
+# (txstream.kafka.properties), so acks=all and idempotence always hold.
+_PRODUCER_DEFAULTS: dict[str, Any] = {
+    "acks": "all", "enable_idempotence": True, "linger_ms": 5,
+    "max_request_size": 8 * 1024 * 1024, "retries": 5,
+}
+_CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable_auto_commit": False, "auto_offset_reset": "earliest",
+    "fetch_max_bytes": 16 * 1024 * 1024, "max_partition_fetch_bytes": 8 * 1024 * 1024,
+}
+_GROUP_DEFAULTS: dict[str, Any] = {
+    # tansu (and small clusters) join a group in half the session timeout: keep it short.
+    "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+}
+
+
+def client_id(settings: KafkaSettings, role: str | None, kind: str) -> str:
+    """``<prefix>-<role>``: the prefix is the user's ``client.id`` property, else
+    ``txstream``; the role is the caller's (``source``, ``producer-<group>``, ...), else the
+    settings' ``client_role``, else the kind of client."""
+    prefix = str(settings.properties.get("client.id") or "txstream").strip()
+    return f"{prefix}-{role or settings.client_role or kind}"
+
+
+def _kwargs(settings: KafkaSettings, kind: str, role: str | None, defaults: dict[str, Any],
+            overrides: dict[str, Any]) -> dict[str, Any]:
+    kw = {"client_id": client_id(settings, role, kind), **defaults}
+    kw.update(settings.client_kwargs(kind))
     kw.update(overrides)
+    return kw
+
+
+def make_producer(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
+    """An idempotent, acks=all producer: a send counts only once the broker stored it.
+    ``role`` names it in its client id (see :func:`client_id`)."""
+    kw = _kwargs(settings, "producer", role, _PRODUCER_DEFAULTS, overrides)
     try:
         return TopicTrackingProducer(**kw)
     except _UNREACHABLE as exc:
@@ -82,21 +109,14 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
         ) from None
 
 
-def make_consumer(settings: KafkaSettings, **overrides: Any) -> Any:
+def make_consumer(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
     """A consumer. Without ``group_id`` it is meant for ``assign()`` with our own offsets."""
     from kafka import KafkaConsumer
 
-    kw = settings.client_kwargs()
-    kw.update(
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_bytes=16 * 1024 * 1024,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
+    defaults = dict(_CONSUMER_DEFAULTS)
     if overrides.get("group_id"):
-        # tansu (and small clusters) join a group in half the session timeout: keep it short.
-        kw.update(session_timeout_ms=6000, heartbeat_interval_ms=1000)
-    kw.update(overrides)
+        defaults.update(_GROUP_DEFAULTS)
+    kw = _kwargs(settings, "consumer", role, defaults, overrides)
     try:
         return KafkaConsumer(**kw)
     except _UNREACHABLE as exc:
@@ -105,11 +125,10 @@ def make_consumer(settings: KafkaSettings, **overrides: Any) -> Any:
         ) from None
 
 
-def make_admin(settings: KafkaSettings, **overrides: Any) -> Any:
+def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
     from kafka import KafkaAdminClient
 
-    kw = settings.client_kwargs()
-    kw.update(overrides)
+    kw = _kwargs(settings, "admin", role, {}, overrides)
     try:
         return KafkaAdminClient(**kw)
     except _UNREACHABLE as exc:
@@ -130,9 +149,8 @@ def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
     last = "no answer"
     while True:
         try:
-            consumer = KafkaConsumer(
-                **settings.client_kwargs(), bootstrap_timeout_ms=2000
-            )
+            consumer = KafkaConsumer(**_kwargs(settings, "consumer", None, {},
+                                               {"bootstrap_timeout_ms": 2000}))
             try:
                 consumer.topics()
                 return

@@ -1,0 +1,161 @@
+"""The push consumer's partitions: which it reads, what each has in flight, and rebalances.
+
+kafka-python runs rebalance callbacks on its IO thread while the polling thread waits inside
+``poll``, so the two never change this state at once; pool threads only report back through
+the :class:`OffsetTracker` and their jobs' ``done`` events.
+
+A message being consumed holds its id, so a copy of it fetched meanwhile is dropped as a
+duplicate: safe while the original's offset holds back the commit. A revoked partition's
+tracker is forgotten, so the ids of its messages cancelled or still being consumed are let go:
+fetched again, by whichever consumer gets the partition, they are consumed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kafka import AsyncConsumerRebalanceListener, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from client.consume_pool import Job
+from client.offsets import OffsetTracker
+
+__all__ = ["Partitions", "Rebalance", "commit_map", "wait_jobs"]
+
+log = logging.getLogger(__name__)
+
+
+def commit_map(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
+
+
+def wait_jobs(jobs: list[Job], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for job in jobs:
+        job.done.wait(max(0.0, deadline - time.monotonic()))
+
+
+class Partitions:
+    """Assigned partitions (``reading`` once positioned), their jobs and their bounds: a
+    partition is full while ``pull_threshold`` of its messages are taken and not finished, or
+    its oldest one not finished is ``max_span`` offsets behind the next to take."""
+
+    def __init__(self, offsets: OffsetTracker, pull_threshold: int, max_span: int) -> None:
+        self.offsets = offsets
+        self.pull_threshold = pull_threshold
+        self.max_span = max_span
+        self.reading: frozenset[TopicPartition] = frozenset()
+        self.unpositioned: frozenset[TopicPartition] = frozenset()
+        self.due: dict[TopicPartition, int] = {}  # retry partition -> when due (epoch ms)
+        self._jobs: dict[TopicPartition, dict[Job, Sequence[str | None]]] = {}
+        self._lock = threading.Lock()
+
+    def full(self, tp: TopicPartition, offset: int) -> bool:
+        count, oldest, _ = self.offsets.pending(tp)
+        return count >= self.pull_threshold or (
+            oldest is not None and offset - oldest >= self.max_span)
+
+    def to_pause(self, now_ms: int) -> set[TopicPartition]:
+        """Partitions not to fetch now: not positioned, full, or waiting for a retry due."""
+        self.due = {tp: d for tp, d in self.due.items() if d > now_ms and tp in self.reading}
+        out = set(self.due) | self.unpositioned
+        for tp in self.reading:
+            nxt = self.offsets.pending(tp)[2]
+            if nxt is not None and self.full(tp, nxt):
+                out.add(tp)
+        return out
+
+    def job(self, tp: TopicPartition, fn: Callable[[], None], ids: Sequence[str | None]
+            ) -> Job:
+        """A job consuming the messages ``ids`` of ``tp``."""
+        def done(job: Job) -> None:
+            if not job.cancelled:
+                with self._lock:
+                    self._jobs.get(tp, {}).pop(job, None)
+
+        job = Job(fn, on_done=done)
+        with self._lock:
+            self._jobs.setdefault(tp, {})[job] = ids
+        return job
+
+    def unfinished_ids(self, tps: set[TopicPartition]) -> list[str | None]:
+        """The ids of the jobs of ``tps`` cancelled or still running."""
+        with self._lock:
+            return [i for tp in tps for job, ids in self._jobs.get(tp, {}).items()
+                    if job.cancelled or not job.done.is_set() for i in ids]
+
+    def jobs_of(self, tps: set[TopicPartition] | None = None) -> list[Job]:
+        with self._lock:
+            return [j for tp, jobs in self._jobs.items() if tps is None or tp in tps
+                    for j in jobs if not j.done.is_set()]
+
+    def assigned(self, tps: set[TopicPartition]) -> None:
+        self.offsets.forget(tps)
+        self.unpositioned = self.unpositioned | tps
+
+    def positioned(self, tps: frozenset[TopicPartition]) -> None:
+        self.unpositioned = self.unpositioned - tps
+        self.reading = self.reading | tps
+
+    def forget(self, tps: set[TopicPartition]) -> None:
+        self.offsets.forget(tps)
+        for tp in tps:
+            self.due.pop(tp, None)
+        with self._lock:
+            for tp in tps:
+                self._jobs.pop(tp, None)
+        self.reading = self.reading - tps
+        self.unpositioned = self.unpositioned - tps
+
+
+class Rebalance(AsyncConsumerRebalanceListener):
+    """Revoked partitions: their queued messages are left to the next owner, the ones being
+    consumed are waited for (bounded), then what may be committed is. Async, so that commit
+    can be awaited: kafka-python refuses its blocking calls on its IO thread."""
+
+    def __init__(self, consumer: Any, partitions: Partitions, *, drain_s: float, group: str,
+                 release: Callable[[list[str | None]], None]) -> None:
+        self._consumer = consumer
+        self._partitions = partitions
+        self._drain_s = drain_s
+        self._group = group
+        self._release = release
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        tps = set(revoked)
+        if not tps:
+            return
+        p = self._partitions
+        jobs = p.jobs_of(tps)
+        for job in jobs:
+            job.cancel()
+        # This thread also heartbeats: stay well inside the session timeout.
+        session_s = self._consumer.config["session_timeout_ms"] / 1000
+        wait_jobs(jobs, min(self._drain_s, session_s / 2))
+        offsets = p.offsets.to_commit(tps & p.reading)
+        if offsets:
+            try:
+                await self._consumer.commit_async(commit_map(offsets))
+                p.offsets.committed(offsets)
+            except Exception as exc:
+                log.info("offset commit of %s on revocation failed: %s", self._group, exc)
+        self._release(p.unfinished_ids(tps))
+        p.forget(tps)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        tps = set(assigned)
+        if tps:
+            # Not fetched until the polling thread found where each starts.
+            self._consumer.pause(*tps)
+            self._partitions.assigned(tps)
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        tps = set(lost)
+        for job in self._partitions.jobs_of(tps):
+            job.cancel()
+        self._release(self._partitions.unfinished_ids(tps))
+        self._partitions.forget(tps)  # another member owns them already: commit nothing

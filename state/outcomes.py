@@ -1,0 +1,111 @@
+"""The outcomes of transactions that left the state: 16 bytes each, kept for their reserved time.
+
+A resolved transaction is kept whole for ``Policy.resolved_retention`` (two minutes), long
+enough for the usual duplicates and late answers. After that only its outcome is kept, until
+its half message is past the reserved time (when a re-read copy would be discarded as too old
+anyway): a half message read again (offsets rewound, a producer re-sending) is then a duplicate,
+not a second release, and a late end event is told the outcome it contradicts.
+
+Each outcome is an 8-byte digest of the transaction id and 8 bytes of (until, status), in two
+sorted numpy arrays: 16 bytes a transaction, against ~300 for a resolved ``Transaction``. Two
+ids of one bucket (one time window of ids, ``state.keys``) with the same 64-bit digest would
+share an outcome; at a million ids in one bucket the odds are 3 in 10^8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Outcomes", "OUTCOME_CODES"]
+
+# The resolved statuses, by their code in the low two bits (0 is not a status).
+OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED")
+_CODE = {name: code for code, name in enumerate(OUTCOME_CODES) if name}
+
+
+def _digest(transaction_id: str) -> int:
+    raw = hashlib.blake2b(transaction_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)
+
+
+class Outcomes:
+    """Transaction id → (status name, until), for ids no longer held whole. Pure: every
+    time is given."""
+
+    __slots__ = ("_keys", "_recent", "_values")
+
+    def __init__(self) -> None:
+        self._keys = np.empty(0, dtype=np.int64)  # sorted digests
+        self._values = np.empty(0, dtype=np.int64)  # until << 2 | status code
+        self._recent: dict[int, int] = {}  # added since the arrays were last merged
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self._keys)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Outcomes):
+            return NotImplemented
+        self._merge()
+        other._merge()
+        return bool(np.array_equal(self._keys, other._keys)
+                    and np.array_equal(self._values, other._values))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def remember(self, transaction_id: str, status: str, until: int) -> None:
+        self._recent[_digest(transaction_id)] = until << 2 | _CODE[status]
+
+    def recall(self, transaction_id: str, now: int) -> tuple[str, int] | None:
+        """The status and until of ``transaction_id`` if it is remembered at ``now``."""
+        digest = _digest(transaction_id)
+        value = self._recent.get(digest)
+        if value is None:
+            i = int(np.searchsorted(self._keys, digest))
+            if i == len(self._keys) or int(self._keys[i]) != digest:
+                return None
+            value = int(self._values[i])
+        until = value >> 2
+        return (OUTCOME_CODES[value & 3], until) if until > now else None
+
+    def forget_expired(self, now: int) -> None:
+        self._merge()
+        alive = (self._values >> 2) > now
+        if not alive.all():
+            self._keys, self._values = self._keys[alive], self._values[alive]
+
+    def last_until(self) -> int | None:
+        """When the last outcome expires (None: none kept)."""
+        self._merge()
+        return int((self._values >> 2).max()) if len(self._values) else None
+
+    def encode(self) -> tuple[bytes, bytes] | None:
+        self._merge()
+        return (self._keys.tobytes(), self._values.tobytes()) if len(self._keys) else None
+
+    @classmethod
+    def decode(cls, encoded: Any) -> Outcomes:
+        outcomes = cls()
+        if encoded:
+            keys, values = encoded
+            outcomes._keys = np.frombuffer(keys, dtype=np.int64)
+            outcomes._values = np.frombuffer(values, dtype=np.int64)
+        return outcomes
+
+    def _merge(self) -> None:
+        if not self._recent:
+            return
+        keys = np.fromiter(self._recent.keys(), dtype=np.int64, count=len(self._recent))
+        values = np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))
+        self._recent = {}
+        # The newer value of a digest wins: stable sort, then keep the last of each run.
+        keys = np.concatenate((self._keys, keys))
+        values = np.concatenate((self._values, values))
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order], values[order]
+        last = np.ones(len(keys), dtype=bool)
+        last[:-1] = keys[1:] != keys[:-1]
+        self._keys, self._values = keys[last], values[last]

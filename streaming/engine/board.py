@@ -1,0 +1,155 @@
+"""The coordinator's metrics on the driver: the keys' summaries folded, batch by batch.
+
+Each completed micro-batch brings, in its observed metrics, the summary of every state key it
+ran (:mod:`streaming.engine.key_metrics`): counts and timings are added to the totals since
+this process started; what a key holds open replaces what it held before. A key's open
+transactions change only when the key runs, so the last summary of each key is exact, and
+their sum is the coordinator's pending set by producer group.
+
+After a restart no key has run yet: :meth:`MetricsBoard.seed` takes each key's summary as of
+the last committed batch, read once from the state (:func:`streaming.engine.state_reader.
+read_key_summaries`); a key that ran since keeps its newer summary. Until then the open counts
+are not known (:attr:`BoardView.open_known`), and the gauges built on them are left out
+rather than shown as zero.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summary
+from streaming.engine.query import OBSERVATION
+from txstream.timer_schedule import TICK
+
+__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets"]
+
+BATCH_DURATION = "batch_duration"  # a histogram the driver times itself
+_Counter = tuple[str, tuple[str, ...]]  # (metric, label values)
+Position = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True)
+class _Open:
+    batch: int  # the batch the summary is of
+    counts: Mapping[tuple[str, str], int]  # (status, producer group) -> transactions
+    oldest_born: int | None
+
+
+@dataclass(frozen=True)
+class BoardView:
+    """A consistent copy of the board, for one scrape or one health check."""
+
+    counters: Mapping[_Counter, int]
+    histograms: Mapping[str, list[int]]  # per-bucket counts (BUCKETS_MS, then +Inf), sum (ms)
+    open_counts: Mapping[tuple[str, str], int]
+    oldest_born: int | None
+    open_known: bool
+    consumed: Mapping[Position, int] | None  # the input offsets read up to; None: not known
+    batches: int
+    last_batch_at: float | None  # epoch seconds of the last completed batch in this process
+
+
+def parse_offsets(text: str | None) -> dict[Position, int]:
+    """The topic-partition offsets of a ``txstream-events`` offset (JSON), without the tick."""
+    raw = json.loads(text) if text else {}
+    return {(topic, int(p)): int(offset) for topic, parts in raw.items()
+            if topic != TICK and isinstance(parts, dict) for p, offset in parts.items()}
+
+
+class MetricsBoard:
+    """Totals and the keys' open transactions since this process started. Thread-safe: fed by
+    the progress listener, read by the metrics server."""
+
+    def __init__(self, open_known: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[_Counter, int] = {}
+        self._histograms: dict[str, list[int]] = {}
+        self._open: dict[int, _Open] = {}
+        self._open_known = open_known
+        self._consumed: dict[Position, int] | None = None
+        self._consumed_batch = -1
+        self._batches = 0
+        self._last_batch_at: float | None = None
+
+    def add_progress(self, progress: Any) -> None:
+        """One completed micro-batch (a ``StreamingQueryProgress``)."""
+        observed = (progress.observedMetrics or {}).get(OBSERVATION)
+        summaries = (observed.asDict().get(KEY_SUMMARIES) if observed is not None else None)
+        duration = int((progress.durationMs or {}).get("triggerExecution", 0))
+        sources = progress.sources or []
+        consumed = parse_offsets(sources[0].endOffset) if sources else None
+        batch = int(progress.batchId)
+        docs = [decode_summary(text) for text in summaries or ()]
+        with self._lock:
+            self._batches += 1
+            self._last_batch_at = time.time()
+            self._observe(BATCH_DURATION, duration)
+            for doc in docs:
+                self._fold(batch, doc)
+            if consumed is not None and batch >= self._consumed_batch:
+                self._consumed, self._consumed_batch = consumed, batch
+
+    def seed(self, batch: int, summaries: Iterable[str],
+             consumed: Mapping[Position, int] | None = None) -> None:
+        """The keys' summaries as of committed batch ``batch`` (read from the state), and the
+        offsets it had read; a key or offsets known from a later batch stay."""
+        docs = [decode_summary(text) for text in summaries]
+        with self._lock:
+            for doc in docs:
+                key = int(doc["k"])
+                known = self._open.get(key)
+                if known is None or known.batch <= batch:
+                    self._set_open(key, batch, doc)
+            if consumed is not None and batch >= self._consumed_batch:
+                self._consumed, self._consumed_batch = dict(consumed), batch
+            self._open_known = True
+
+    def mark_open_known(self) -> None:
+        """Show the open counts as they are (the state could not be read: they converge as
+        keys run)."""
+        with self._lock:
+            self._open_known = True
+
+    def view(self) -> BoardView:
+        with self._lock:
+            open_counts: dict[tuple[str, str], int] = {}
+            for entry in self._open.values():
+                for label, n in entry.counts.items():
+                    open_counts[label] = open_counts.get(label, 0) + n
+            oldest = min((e.oldest_born for e in self._open.values()
+                          if e.oldest_born is not None), default=None)
+            return BoardView(
+                counters=dict(self._counters),
+                histograms={name: list(h) for name, h in self._histograms.items()},
+                open_counts=open_counts, oldest_born=oldest, open_known=self._open_known,
+                consumed=dict(self._consumed) if self._consumed is not None else None,
+                batches=self._batches, last_batch_at=self._last_batch_at)
+
+    def _fold(self, batch: int, doc: Mapping[str, Any]) -> None:
+        for name, *labels, n in doc.get("c", ()):
+            key = (name, tuple(labels))
+            self._counters[key] = self._counters.get(key, 0) + int(n)
+        for name, counts in doc.get("h", {}).items():
+            total = self._histograms.setdefault(name, [0] * (len(BUCKETS_MS) + 2))
+            for i, n in enumerate(counts):
+                total[i] += int(n)
+        self._set_open(int(doc["k"]), batch, doc)
+
+    def _set_open(self, key: int, batch: int, doc: Mapping[str, Any]) -> None:
+        counts = {(status, group): int(n) for status, group, n in doc.get("p", ())}
+        oldest = doc.get("o")
+        if counts:
+            self._open[key] = _Open(batch, counts, None if oldest is None else int(oldest))
+        else:  # an empty key: nothing open, and nothing to remember
+            self._open.pop(key, None)
+
+    def _observe(self, name: str, ms: int) -> None:
+        total = self._histograms.setdefault(name, [0] * (len(BUCKETS_MS) + 2))
+        index = next((i for i, bound in enumerate(BUCKETS_MS) if ms <= bound), len(BUCKETS_MS))
+        total[index] += 1
+        total[-1] += max(0, ms)

@@ -1,0 +1,157 @@
+"""What one state key did in one micro-batch, by label: the coordinator's metrics at their source.
+
+The operator runs once per state key per batch and emits one timer row per key
+(:func:`streaming.engine.records.timer_row`). That row also carries a :class:`KeyTally` of the
+call, as compact JSON in its ``value``: counts by metric and labels, histogram bucket counts,
+and what the key holds open now (unresolved transactions by status and producer group, the
+oldest born time of a pending one). The query observes the list of these summaries per batch
+(``collect_list``, a few hundred small strings at most, not one per transaction), and the
+driver folds them (:mod:`streaming.engine.board`). Per-row labels cannot be aggregated with
+``observe`` directly; per key they can, in the worker, for the price of a small dict
+(docs/decisions/0020-metrics.md).
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from state.bucket import Bucket
+from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from state.lifecycle import Transaction
+from txstream.message import Decision, EndEvent, Message
+
+__all__ = ["BUCKETS_MS", "Counted", "Timed", "KeyTally", "OUTCOME", "KEY_SUMMARIES",
+           "decode_summary"]
+
+# The query's observed column that lists the keys' summaries of a batch.
+KEY_SUMMARIES = "key_summaries"
+
+# Histogram bounds (ms), shared by the driver's batch durations: tens of ms to a minute.
+BUCKETS_MS = (25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
+
+
+class Counted:
+    """The counters a key tallies, each with its label names, in order."""
+
+    HALF_MESSAGES = "half_messages"
+    COMMITS = "commits"
+    ROLLBACKS = "rollbacks"
+    CHECKS_SENT = "checks_sent"
+    CHECKS_ANSWERED = "checks_answered"
+    DISCARDS = "discards"
+    DEAD_LETTERS = "dead_letters"
+
+    LABELS: Mapping[str, tuple[str, ...]] = {
+        HALF_MESSAGES: ("producer_group", "topic"),
+        COMMITS: ("producer_group", "topic"),
+        ROLLBACKS: ("producer_group", "topic"),
+        CHECKS_SENT: ("producer_group", "topic"),
+        CHECKS_ANSWERED: ("producer_group", "outcome"),
+        DISCARDS: ("producer_group", "topic", "reason"),
+        DEAD_LETTERS: ("reason",),
+    }
+
+
+class Timed:
+    """The histograms a key tallies (milliseconds)."""
+
+    COMMIT_TO_VISIBLE = "commit_to_visible"  # a commit's send to its release
+    CHECK_LATENESS = "check_lateness"  # a back-check's deadline to its sending
+
+    ALL = (COMMIT_TO_VISIBLE, CHECK_LATENESS)
+
+
+# The ``outcome`` label of an answered check.
+OUTCOME = {Decision.COMMIT_MESSAGE: "commit", Decision.ROLLBACK_MESSAGE: "rollback",
+           Decision.UNKNOW: "unknown"}
+
+_Labels = tuple[str, ...]
+
+
+class KeyTally:
+    """Counts and timings of one operator call (one key, one batch), at batch time ``now``."""
+
+    __slots__ = ("counts", "now", "timings")
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.counts: dict[tuple[str, _Labels], int] = {}
+        self.timings: dict[str, list[int]] = {}
+
+    def count(self, name: str, *labels: str | None) -> None:
+        key = (name, tuple(label or "" for label in labels))
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def time(self, name: str, ms: int) -> None:
+        self.timings.setdefault(name, []).append(max(0, ms))
+
+    def applied(self, event: Message | EndEvent, before: Transaction | None,
+                effects: Iterable[Effect]) -> None:
+        """An event applied to the key, the effects it had; ``before``: its transaction as
+        it was (the group and topic of a rollback: a resolved transaction keeps no body)."""
+        if isinstance(event, EndEvent) and event.from_check:
+            self.count(Counted.CHECKS_ANSWERED, event.producer_group, OUTCOME[event.decision])
+        half = event if isinstance(event, Message) else before.half if before else None
+        self.effects(effects, half)
+
+    def effects(self, effects: Iterable[Effect], half: Message | None = None) -> None:
+        """The core's effects (of an event, or of timers: ``half`` None)."""
+        for effect in effects:
+            if isinstance(effect, Release):
+                self.count(Counted.COMMITS, effect.message.producer_group, effect.message.topic)
+                if effect.committed_at is not None:
+                    self.time(Timed.COMMIT_TO_VISIBLE, self.now - effect.committed_at)
+            elif isinstance(effect, RequestCheck):
+                self.count(Counted.CHECKS_SENT, effect.message.producer_group,
+                           effect.message.topic)
+                self.time(Timed.CHECK_LATENESS, effect.late_ms)
+            elif isinstance(effect, Discard):
+                self.count(Counted.DISCARDS, effect.message.producer_group, effect.message.topic,
+                           effect.cause)
+            elif isinstance(effect, DeadLetter):
+                self.count(Counted.DEAD_LETTERS, effect.code)
+            elif isinstance(effect, Note):
+                self._note(effect, half)
+
+    def _note(self, note: Note, half: Message | None) -> None:
+        if note.event == "half":
+            self.count(Counted.HALF_MESSAGES, _text(note.detail.get("group")),
+                       _text(note.detail.get("topic")))
+        elif note.event == "rolled_back":
+            self.count(Counted.ROLLBACKS, half.producer_group if half else None,
+                       half.topic if half else None)
+
+    def summary(self, key: int, bucket: Bucket) -> bytes:
+        """This call's tally and what ``bucket`` holds open now, as compact JSON."""
+        doc: dict[str, Any] = {"k": key}
+        if self.counts:
+            doc["c"] = [[name, *labels, n] for (name, labels), n in self.counts.items()]
+        if self.timings:
+            doc["h"] = {name: _buckets(values) for name, values in self.timings.items()}
+        open_counts, oldest = bucket.open_counts()
+        if open_counts:
+            doc["p"] = [[status, group, n] for (status, group), n in open_counts.items()]
+        if oldest is not None:
+            doc["o"] = oldest
+        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _buckets(values: list[int]) -> list[int]:
+    """Per-bucket counts (not cumulative; the last one past every bound), then the sum (ms)."""
+    counts = [0] * (len(BUCKETS_MS) + 1)
+    for value in values:
+        counts[bisect_left(BUCKETS_MS, value)] += 1  # the first bound at or above it
+    return [*counts, sum(values)]
+
+
+def decode_summary(text: str) -> dict[str, Any]:
+    """A key's summary as :meth:`KeyTally.summary` wrote it."""
+    doc: dict[str, Any] = json.loads(text)
+    return doc

@@ -1,0 +1,138 @@
+"""What the coordinator writes, against the size limit it writes under: no record it emits may
+be one the broker refuses, and a refused record is never lost from sight."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from sources.events import Malformed, parse_event
+from state.effects import DeadLetter
+from streaming.engine.records import history_rows, records_for
+from txstream.message import Decision, EndEvent, Message, RawRecord
+from txstream.outputs import (
+    MAX_REASON_CHARS,
+    encode_check,
+    encode_dead_letter,
+    encode_discard,
+    encode_visible,
+    largest_output_bytes,
+    record_bytes,
+)
+from txstream.refusals import Code
+from txstream.schema import EventKind
+from txstream.topics import Topics
+from txstream.wire import H, Record, encode_end, encode_half, header_dict, pack_headers
+
+from test_wire import messages
+
+TOPICS = Topics.with_prefix("o_")
+SOME = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _kafka_size(record: Record) -> int:
+    """kafka-python's own estimate of a one-record batch, what the producer checks."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(
+        record.key, record.value, list(record.headers)))
+
+
+@SOME
+@given(messages(), st.binary(max_size=2000))
+def test_the_size_estimate_is_never_below_kafkas(m: Message, body: bytes) -> None:
+    m.body = body
+    for record in (encode_visible(m), encode_check(m, 3, TOPICS),
+                   encode_discard(m, "x" * 80, 3, TOPICS), encode_half(m, TOPICS)):
+        assert record_bytes(record.key, record.value, record.headers) >= _kafka_size(record)
+
+
+@SOME
+@given(messages(), st.integers(min_value=0, max_value=2**31 - 1))
+def test_no_output_of_a_half_message_is_bigger_than_announced(m: Message, checks: int) -> None:
+    limit = largest_output_bytes(m)
+    widest_reason = "r" * (MAX_REASON_CHARS + 50)  # longer reasons are cut
+    for record in (encode_visible(m), encode_check(m, checks, TOPICS),
+                   encode_discard(m, widest_reason, checks, TOPICS)):
+        with_id = [*record.headers, (H.RECORD_ID, b"ffffffff.-4611686018427387904."
+                                     b"1700000000000.9223372036854775807")]
+        assert _kafka_size(record._replace(headers=tuple(with_id))) <= limit
+
+
+def _half_row(body: bytes) -> tuple[bytes, bytes, bytes]:
+    m = Message("orders", body, transaction_id="tx-9", msg_id="tx-9", producer_group="G",
+                born_timestamp=1_700_000_000_000)
+    record = encode_half(m, TOPICS)
+    return record.key or b"", record.value or b"", pack_headers(record.headers)
+
+
+def test_a_half_message_whose_records_would_not_fit_is_refused_as_it_comes() -> None:
+    key, value, headers = _half_row(b"x" * 3_000)
+    assert isinstance(parse_event(EventKind.HALF, key, value, headers, 0, 5, max_record=4_000),
+                      Message)
+    key, value, headers = _half_row(b"x" * 3_900)
+    refused = parse_event(EventKind.HALF, key, value, headers, 0, 6, max_record=4_000)
+    assert isinstance(refused, Malformed) and refused.code == Code.OUTPUTS_TOO_LARGE
+    assert "over the limit of 4000 bytes" in refused.reason
+
+
+def test_a_dead_letter_too_big_to_carry_its_record_carries_a_reference() -> None:
+    original = Record(TOPICS.half, b"tx-9", b"v" * 5_000, (("A", b"1"),))
+    dead = encode_dead_letter(original, "why", Code.MALFORMED_HEADERS, (1, 77), TOPICS, 4_000)
+    assert dead.topic == TOPICS.dead_letter and dead.value is None and dead.key == b"tx-9"
+    h = header_dict(dead.headers)
+    assert h[H.DLQ_CODE] == "MALFORMED_HEADERS" and h[H.DLQ_REASON].startswith("why (the record")
+    assert (h[H.DLQ_ORIGIN_TOPIC], h[H.DLQ_ORIGIN_PARTITION], h[H.DLQ_ORIGIN_OFFSET]) == (
+        TOPICS.half, "1", "77")
+    assert int(h[H.DLQ_ORIGINAL_BYTES]) >= 5_000
+    assert "A" not in h  # the reference does not carry the record's headers
+    assert record_bytes(dead.key, dead.value, dead.headers) < 4_000
+    whole = encode_dead_letter(original, "why", Code.MALFORMED_HEADERS, (1, 77), TOPICS, 8_000)
+    assert whole.value == original.value and H.DLQ_ORIGINAL_BYTES not in header_dict(whole.headers)
+
+
+def test_a_refused_end_event_is_dead_lettered_byte_for_byte_also_when_held() -> None:
+    # A third-party producer's end event: its own header, FROM_TRANSACTION_CHECK left out, an
+    # empty value. The dead letter must be that record, not txstream's re-encoding of it.
+    headers = pack_headers([("COMMIT_OR_ROLLBACK", b"COMMIT_MESSAGE"), ("PGROUP", b"other"),
+                            ("X-Trace", b"abc")])
+    raw = RawRecord(1, 42, b"tx-9", b"", headers)
+    end = EndEvent("tx-9", "other", Decision.COMMIT_MESSAGE, raw=raw)
+    [emit] = records_for([DeadLetter(end, "wrong group", Code.WRONG_GROUP)], 0, TOPICS)
+    record = emit.record
+    assert (record.key, record.value) == (b"tx-9", b"")
+    assert record.headers[:3] == (("COMMIT_OR_ROLLBACK", b"COMMIT_MESSAGE"),
+                                  ("PGROUP", b"other"), ("X-Trace", b"abc"))
+    h = header_dict(record.headers)
+    assert H.FROM_CHECK not in h and h[H.DLQ_CODE] == "WRONG_GROUP"
+    assert (h[H.DLQ_ORIGIN_TOPIC], h[H.DLQ_ORIGIN_PARTITION], h[H.DLQ_ORIGIN_OFFSET]) == (
+        TOPICS.end, "1", "42")
+    # Without the record (an admin's event made in memory), txstream's encoding stands in.
+    made = EndEvent("tx-9", "G", Decision.ROLLBACK_MESSAGE)
+    [emit] = records_for([DeadLetter(made, "late", Code.CONTRADICTS_OUTCOME)], 0, TOPICS)
+    assert emit.record.headers[:len(encode_end(made, TOPICS).headers)] == \
+        encode_end(made, TOPICS).headers
+
+
+def test_a_user_property_named_remark_reaches_the_released_message() -> None:
+    m = Message("orders", b"b", properties={"REMARK": "gift wrap"}, transaction_id="t",
+                msg_id="t", producer_group="G", born_timestamp=1)
+    key, value, headers = encode_half(m, TOPICS).key, m.body, encode_half(m, TOPICS).headers
+    parsed = parse_event(EventKind.HALF, key, value, pack_headers(headers), 0, 0)
+    assert isinstance(parsed, Message) and parsed.properties == {"REMARK": "gift wrap"}
+    assert header_dict(encode_visible(parsed).headers)["REMARK"] == "gift wrap"
+
+
+def test_a_batch_of_history_too_big_for_one_record_is_split_and_counted() -> None:
+    from state.effects import Note
+
+    notes = [Note(f"tx-{i:04d}", "half", 1_700_000_000_000 + i, {"group": "G" * 50})
+             for i in range(200)]
+    emits = list(history_rows(notes, 7, TOPICS, limit=4_000))
+    assert len(emits) > 1
+    assert sum(e.history["half"] for e in emits) == 200  # type: ignore[index]
+    seen = [line["transaction_id"] for e in emits for line in json.loads(e.record.value or b"")]
+    assert seen == [n.transaction_id for n in notes]
+    for e in emits:
+        assert record_bytes(e.record.key, e.record.value, e.record.headers) < 4_000
