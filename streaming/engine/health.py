@@ -52,7 +52,6 @@ class LagWatch:
         self._samples: deque[tuple[float, int, int]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumer: Any = None
 
     def start(self) -> LagWatch:
         self._thread = threading.Thread(target=self._run, name="txstream-lag", daemon=True)
@@ -63,8 +62,6 @@ class LagWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._consumer is not None:
-            self._consumer.close()
 
     def lag(self) -> dict[Position, int] | None:
         """Records behind each partition's end at the last sample; None: not known yet."""
@@ -90,8 +87,12 @@ class LagWatch:
         """Why the input is not being kept up with over the last ``window_s``, or None."""
         with self._lock:
             samples = list(self._samples)
-        if not samples or samples[0][0] > time.monotonic() - window_s:
+        start = time.monotonic() - window_s
+        if not samples or samples[0][0] > start:
             return None  # not watched for a whole window yet
+        # The window's samples, from the last one at or before its start.
+        first = max(i for i, (t, _, _) in enumerate(samples) if t <= start)
+        samples = samples[first:]
         if any(lag == 0 for _, lag, _ in samples):
             return None
         lags = [lag for _, lag, _ in samples]
@@ -112,12 +113,14 @@ class LagWatch:
         from txstream.kafka.clients import make_consumer
         from txstream.kafka.reading import fetch_ends
 
-        if self._consumer is None:
-            self._consumer = make_consumer(self._kafka, fetch_max_wait_ms=1,
-                                           max_partition_fetch_bytes=1)
-        tps = [TopicPartition(topic, p) for topic in self._topics
-               for p in sorted(self._consumer.partitions_for_topic(topic) or ())]
-        return fetch_ends(self._consumer, tps, starts, timeout_s=self._interval_s * 2)
+        # A new client each time: a kept one answered from a fetch of an earlier sample.
+        consumer = make_consumer(self._kafka, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
+        try:
+            tps = [TopicPartition(topic, p) for topic in self._topics
+                   for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            return fetch_ends(consumer, tps, starts, timeout_s=self._interval_s * 2)
+        finally:
+            consumer.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
