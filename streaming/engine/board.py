@@ -166,7 +166,7 @@ def seed_from_state(board: MetricsBoard, spark: Any, checkpoint_dir: str) -> Non
     checkpoint = Checkpoint(spark, checkpoint_dir)
     batch = checkpoint.last_committed_batch()
     if batch is None:
-        board.seed(-1, ())
+        board.seed(-1, (), {})  # nothing read yet: every record is behind
         return
     try:
         summaries = read_key_summaries(spark, checkpoint.location, batch)
