@@ -1,11 +1,14 @@
-"""The Prometheus endpoint of a real coordinator: scraped over HTTP, counted against what the
-test sent (real tansu broker, local Spark)."""
+"""The Prometheus endpoint and /healthz of a real coordinator: scraped over HTTP, counted against
+what the test sent (real tansu broker, local Spark)."""
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from state.policy import Policy
 from streaming.engine.config import RunConfig
 from streaming.engine.coordinator import Coordinator
-from streaming.engine.metrics import serve_metrics
+from streaming.engine.metrics import serve_coordinator, serve_metrics
 from streaming.engine.progress import CoordinatorStats
 from txstream.broker import free_port
 from txstream.kafka import KafkaSettings
@@ -24,25 +27,45 @@ from txstream.wire import Record
 from kafka_helpers import end_record, half_record, produce, wait_for, wait_until
 
 COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
+Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def scrape(url: str) -> dict[str, float]:
+def scrape(url: str) -> dict[Sample, float]:
+    """Every sample, by name and sorted labels."""
     with urllib.request.urlopen(url, timeout=10) as resp:
         assert resp.status == 200
         text = resp.read().decode()
-    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(m: dict[Sample, float], name: str, **labels: str) -> float:
+    return m[(name, tuple(sorted(labels.items())))]
+
+
+def health(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _config(kafka: KafkaSettings, topics: Topics, checkpoint_dir: Path, name: str) -> RunConfig:
+    # No back-check within the test: every count below comes from the events sent.
+    policy = Policy(transaction_timeout=120_000, check_interval=120_000)
+    return RunConfig(kafka=kafka, topics=topics, policy=policy, checkpoint_dir=checkpoint_dir,
+                     buckets=8, query_name=name, metrics_port=free_port(),
+                     metrics_host="127.0.0.1")
 
 
 @pytest.mark.spark
-def test_metrics_count_what_the_coordinator_did(
+def test_metrics_and_health_of_a_running_coordinator(
     spark: object, kafka: KafkaSettings, topics: Topics, checkpoint_dir: Path, unique: str
 ) -> None:
-    # No back-check within the test: every count below comes from the events sent.
-    policy = Policy(transaction_timeout=120_000, check_interval=120_000)
-    config = RunConfig(kafka=kafka, topics=topics, policy=policy, checkpoint_dir=checkpoint_dir,
-                       buckets=8, query_name=f"metrics-{unique}")
+    config = _config(kafka, topics, checkpoint_dir, f"metrics-{unique}")
     coordinator = Coordinator(config).start()
-    server = serve_metrics(0, coordinator.listener.stats, host="127.0.0.1")
+    server = serve_coordinator(coordinator)
     try:
         real, group = f"{unique}-real", f"{unique}-g"
         ids = [f"{unique}-{i}" for i in range(6)]
@@ -57,41 +80,88 @@ def test_metrics_count_what_the_coordinator_did(
         produce(kafka, records)
         wait_for(kafka, real, 3, timeout_s=120)
 
-        def settled() -> dict[str, float] | None:
+        def settled() -> dict[Sample, float] | None:
             m = scrape(server.url)
-            return m if m["txstream_dead_letters_total"] >= 2 and m[
-                "txstream_released_total"] >= 3 and m["txstream_duplicates_total"] >= 1 else None
+            lag = [v for (name, _), v in m.items() if name == "txstream_input_lag_records"]
+            done = (m.get(("txstream_duplicates_total", ()), 0) >= 1 and lag
+                    and sum(lag) == 0 and m.get(("txstream_rejected_total", ()), 0) >= 1)
+            return m if done else None
 
         m = wait_until(settled, timeout_s=60)
-        assert m["txstream_halves_total"] == 6
-        assert m["txstream_released_total"] == 3
-        assert m["txstream_rolled_back_total"] == 2
-        assert m["txstream_duplicates_total"] == 1
-        assert m["txstream_rejected_total"] == 1
-        assert m["txstream_dead_letters_total"] == 2
-        assert m["txstream_checks_sent_total"] == 0
-        assert m["txstream_discarded_total"] == 0
-        assert m["txstream_pending"] == 1
-        assert m["txstream_batches_total"] >= 1
-        assert m["txstream_input_rows_total"] >= len(records)
-        assert m["txstream_last_batch_seconds"] > 0
-        assert 0 < m["txstream_commit_to_visible_avg_seconds"] <= m[
-            "txstream_commit_to_visible_max_seconds"] < 120
-        assert m["txstream_check_lateness_max_seconds"] == 0
+        assert value(m, "txstream_half_messages_total", producer_group=group, topic=real) == 6
+        assert value(m, "txstream_commits_total", producer_group=group, topic=real) == 3
+        assert value(m, "txstream_rollbacks_total", producer_group=group, topic=real) == 2
+        assert sum(v for (name, labels), v in m.items()
+                   if name == "txstream_dead_letters_total") == 2
+        assert value(m, "txstream_duplicates_total") == 1
+        assert value(m, "txstream_rejected_total") == 1
+        names = {name for name, _ in m}
+        assert "txstream_checks_sent_total" not in names  # no check: a family without samples
+        assert value(m, "txstream_pending_transactions", status="PENDING",
+                     producer_group=group) == 1
+        assert 0 < value(m, "txstream_oldest_pending_age_seconds") < 600
+        # Histograms as Prometheus reads them: cumulative buckets up to +Inf == count.
+        assert value(m, "txstream_commit_to_visible_seconds_count") == 3
+        assert value(m, "txstream_commit_to_visible_seconds_bucket", le="+Inf") == 3
+        assert 0 < value(m, "txstream_commit_to_visible_seconds_sum") < 360
+        assert value(m, "txstream_batch_duration_seconds_count") >= 1
+        assert value(m, "txstream_check_lateness_seconds_count") == 0
+        lags = {dict(labels)["topic"] for name, labels in m if name ==
+                "txstream_input_lag_records"}
+        assert lags == {topics.half, topics.end}
+        used, most = (value(m, "txstream_driver_heap_used_bytes"),
+                      value(m, "txstream_driver_heap_max_bytes"))
+        assert 0 < used <= most
+        assert value(m, "process_cpu_seconds_total") > 0
+        status, body = health(server.health_url)
+        assert status == 200 and body["status"] == "ok" and body["input_lag"] == 0, body
+        assert body["batches"] >= 1
+        coordinator.query.stop()
+        status, body = health(server.health_url)
+        assert status == 503 and body["reasons"] == ["query stopped"], body
     finally:
         server.close()
         coordinator.stop()
+
+
+@pytest.mark.spark
+def test_pending_gauges_after_a_restart_come_from_the_state(
+    spark: object, kafka: KafkaSettings, topics: Topics, checkpoint_dir: Path, unique: str
+) -> None:
+    """A restarted coordinator shows what its checkpoint holds open before any key ran."""
+    config = _config(kafka, topics, checkpoint_dir, f"restart-{unique}")
+    group, real = f"{unique}-g", f"{unique}-real"
+    first = Coordinator(config).start()
+    try:
+        produce(kafka, [half_record(topics, f"{unique}-{i}", group, real) for i in range(4)])
+        wait_until(lambda: first.listener.board.view().open_counts.get(("PENDING", group)) == 4,
+                   timeout_s=120)
+    finally:
+        first.stop()
+    second = Coordinator(config).start()
+    server = serve_coordinator(second)
+    try:
+        m = scrape(server.url)
+        assert value(m, "txstream_pending_transactions", status="PENDING",
+                     producer_group=group) == 4
+        assert value(m, "txstream_batch_duration_seconds_count") == 0  # none ran yet here
+    finally:
+        server.close()
+        second.stop()
 
 
 def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
     port = free_port()
     stats = CoordinatorStats()
     with stats.lock:
-        stats.totals["released"] = 7
+        stats.totals["rejected"] = 7
     server = serve_metrics(port, stats)
     try:
         assert server.port == port
-        assert scrape(f"http://127.0.0.1:{port}/metrics")["txstream_released_total"] == 7
+        assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "txstream_rejected_total") == 7
+        with pytest.raises(urllib.error.HTTPError) as no_health:
+            urllib.request.urlopen(server.health_url, timeout=10)
+        assert no_health.value.code == 404
     finally:
         server.close()
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):

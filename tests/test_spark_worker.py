@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ from txstream.spark_worker import quiet_hang_up
 
 def _chained(*errors: BaseException) -> BaseException:
     """``errors[-1]`` raised while handling ``errors[-2]``, and so on, as Python chains them."""
-    for earlier, later in zip(errors, errors[1:]):
+    for earlier, later in itertools.pairwise(errors):
         later.__context__ = earlier
     return errors[-1]
 

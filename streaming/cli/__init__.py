@@ -70,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from streaming.cli.logs import configure_logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+    configure_logging("text")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from state.policy import Policy
+from streaming.cli.logs import LOG_FORMATS, configure_logging
 from streaming.engine.config import (
     DEFAULT_CHECKPOINT_ROOT,
     LOG_LEVELS,
@@ -182,6 +183,9 @@ def add_spark_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=env("log-level"),
                    help="Spark's log level, and txstream's (default: Spark's log4j "
                         "configuration; txstream's own lines: WARN)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=env("log-format") or "text",
+                   help="txstream's own lines: text with ISO 8601 times (default), or json, "
+                        "one object per line for log shippers")
 
 
 _PYTHON_LEVELS = {"ALL": logging.DEBUG, "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG,
@@ -189,10 +193,13 @@ _PYTHON_LEVELS = {"ALL": logging.DEBUG, "TRACE": logging.DEBUG, "DEBUG": logging
                   "FATAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
 
 
-def set_log_level(level: str | None) -> None:
-    """txstream's own log level from ``--log-level`` (log4j's names); None keeps WARN."""
+def set_log_level(level: str | None, fmt: str | None = None) -> None:
+    """txstream's own log level from ``--log-level`` (log4j's names; None keeps WARN), and the
+    format of its lines from ``--log-format``."""
     if level:
         logging.getLogger().setLevel(_PYTHON_LEVELS[level.upper()])
+    if fmt:
+        configure_logging(fmt)
 
 
 def spark_conf_of(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -240,6 +247,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default=env("metrics-host") or "0.0.0.0",
                    help="address the metrics server binds (default all interfaces)")
+    p.add_argument("--health-lag-growing", default=env("health-lag-growing") or "5m",
+                   help="/healthz says 503 once the input lag grew, or was not read while "
+                        "records waited, for this long (default 5m)")
+    p.add_argument("--health-timer-overdue", default=env("health-timer-overdue") or "2m",
+                   help="/healthz says 503 once a timer is overdue by this much (default 2m)")
     p.add_argument("--no-history", action="store_true",
                    default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
                    help="do not write transitions to the history topic")

@@ -76,7 +76,7 @@ def pending_command(args: argparse.Namespace) -> int:
     from streaming.engine.checkpoint import Checkpoint
     from streaming.engine.session import build_session
 
-    set_log_level(args.log_level)
+    set_log_level(args.log_level, args.log_format)
     memory = args.driver_memory or DEFAULT_DRIVER_MEMORY
     try:
         check_driver_memory(memory)

@@ -9,19 +9,20 @@ from contextlib import ExitStack
 from typing import Any
 
 from streaming.cli import require_coordinator
+from streaming.cli.logs import say
 from streaming.cli.options import add_run_arguments, config_from_args, set_log_level
 from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
-from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig
+from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
 from streaming.engine.coordinator import Coordinator
 from streaming.engine.session import on_jvm_signals, submitted
 from txstream.broker import EmbeddedBroker
+from txstream.errors import ConfigError
 from txstream.kafka import wait_for_broker
 
 __all__ = ["add_parser", "run_command"]
 
 
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+_say = say
 
 
 def add_parser(sub: Any) -> None:
@@ -57,12 +58,7 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
     stack.callback(coordinator.stop)
     coordinator.start()
     if config.metrics_port:
-        from streaming.engine.metrics import serve_metrics
-
-        server = serve_metrics(config.metrics_port, coordinator.listener.stats,
-                               config.metrics_host)
-        stack.callback(server.close)
-        _say(f"metrics on http://127.0.0.1:{config.metrics_port}/metrics")
+        _serve_metrics(config, coordinator, args, stack)
     p = config.policy
     _say(f"coordinator running: half topic {config.topics.half}, end topic "
          f"{config.topics.end}; transaction timeout {p.transaction_timeout} ms, check "
@@ -70,9 +66,26 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
     return coordinator
 
 
+def _serve_metrics(config: RunConfig, coordinator: Coordinator, args: argparse.Namespace,
+                   stack: ExitStack) -> None:
+    """``/metrics`` and ``/healthz`` on ``--metrics-port``, with the input lag watched."""
+    from streaming.engine.health import HealthThresholds
+    from streaming.engine.metrics import serve_coordinator
+
+    try:
+        thresholds = HealthThresholds(
+            lag_growing_s=parse_duration_ms(args.health_lag_growing) / 1000,
+            timer_overdue_s=parse_duration_ms(args.health_timer_overdue) / 1000)
+    except ValueError as exc:
+        raise ConfigError(f"--health-lag-growing/--health-timer-overdue: {exc}") from None
+    server = serve_coordinator(coordinator, thresholds)
+    stack.callback(server.close)
+    _say(f"metrics on http://127.0.0.1:{server.port}/metrics, health on /healthz")
+
+
 def run_command(args: argparse.Namespace) -> int:
     require_coordinator("txstream run")
-    set_log_level(args.log_level)
+    set_log_level(args.log_level, args.log_format)
     failure = None
     with ExitStack() as stack:
         with interrupt_on_signals():  # until the query runs, a signal simply unwinds

@@ -6,16 +6,18 @@ this process started; what a key holds open replaces what it held before. A key'
 transactions change only when the key runs, so the last summary of each key is exact, and
 their sum is the coordinator's pending set by producer group.
 
-After a restart no key has run yet: :meth:`MetricsBoard.seed` takes each key's summary as of
-the last committed batch, read once from the state (:func:`streaming.engine.state_reader.
-read_key_summaries`); a key that ran since keeps its newer summary. Until then the open counts
-are not known (:attr:`BoardView.open_known`), and the gauges built on them are left out
-rather than shown as zero.
+After a restart no key has run yet: :func:`seed_from_state` reads each key's summary as of
+the last committed batch from the state (:func:`streaming.engine.state_reader.
+read_key_summaries`) once, before the query starts, with the input offsets that batch had
+read; every later summary replaces it. Until then the open counts are not known
+(:attr:`BoardView.open_known`), and the gauges built on them are left out rather than shown
+as zero.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -26,7 +28,7 @@ from streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summa
 from streaming.engine.query import OBSERVATION
 from txstream.timer_schedule import TICK
 
-__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets"]
+__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state"]
 
 BATCH_DURATION = "batch_duration"  # a histogram the driver times itself
 _Counter = tuple[str, tuple[str, ...]]  # (metric, label values)
@@ -153,3 +155,27 @@ class MetricsBoard:
         index = next((i for i, bound in enumerate(BUCKETS_MS) if ms <= bound), len(BUCKETS_MS))
         total[index] += 1
         total[-1] += max(0, ms)
+
+
+def seed_from_state(board: MetricsBoard, spark: Any, checkpoint_dir: str) -> None:
+    """Seed ``board`` from the checkpoint's last committed batch (run before the query starts:
+    every summary the query brings is then newer). A new checkpoint holds nothing open."""
+    from streaming.engine.checkpoint import Checkpoint
+    from streaming.engine.state_reader import read_key_summaries
+
+    checkpoint = Checkpoint(spark, checkpoint_dir)
+    batch = checkpoint.last_committed_batch()
+    if batch is None:
+        board.seed(-1, (), {})  # nothing read yet: every record is behind
+        return
+    try:
+        summaries = read_key_summaries(spark, checkpoint.location, batch)
+    except Exception as exc:  # the metrics must never stop the coordinator from starting
+        logging.getLogger(__name__).warning(
+            "pending gauges unknown until every key has run: the state of batch %d could not "
+            "be read (%s)", batch, str(exc).splitlines()[0] if str(exc) else exc)
+        return
+    text = checkpoint.read_text(f"offsets/{batch}")
+    # offsets/N: "v1", the batch's metadata, then one line per source: ours is the only one.
+    consumed = parse_offsets(text.splitlines()[-1]) if text else None
+    board.seed(batch, summaries, consumed)

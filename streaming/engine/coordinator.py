@@ -58,6 +58,11 @@ class Coordinator:
             self.emit(f"created topics {', '.join(created)}")
         self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
+        if self.config.metrics_port is not None:
+            from streaming.engine.board import seed_from_state
+
+            # Before the query: the pending gauges start from what the checkpoint holds.
+            seed_from_state(self.listener.board, self.spark, self.config.checkpoint_dir)
         self.spark.streams.addListener(self.listener)
         self.query = self.start_query(self.spark)
         return self

@@ -1,38 +1,51 @@
-"""Prometheus metrics of a running coordinator: ``txstream run --metrics-port PORT``.
+"""Prometheus metrics and ``/healthz`` of a running coordinator: ``txstream run --metrics-port``.
 
-A custom collector reads :meth:`CoordinatorStats.snapshot` at scrape time, so the figures are
-exactly those the progress lines print (Spark's observed metrics, batch by batch) and nothing
-is counted twice. Each server has its own registry: several coordinators (or tests) in one
-process never share a counter.
+Collectors read the driver's figures at scrape time: the per-kind totals of the progress lines
+(:class:`CoordinatorStats`), the labelled counters, histograms and open transactions the keys
+reported (:class:`MetricsBoard`), the input lag (:class:`LagWatch`) and the driver's heap. So
+nothing is counted twice, and every figure is Spark's own, batch by batch. Each server has its
+own registry: several coordinators (or tests) in one process never share a counter. The
+metric names and their labels are listed in docs/operations.md.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import start_wsgi_server
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from streaming.engine.board import BATCH_DURATION, BoardView, MetricsBoard
+from streaming.engine.health import (
+    HealthCheck,
+    HealthThresholds,
+    LagWatch,
+    query_problem,
+)
+from streaming.engine.key_metrics import BUCKETS_MS, Counted, Timed
 from streaming.engine.progress import CoordinatorStats
 
-__all__ = ["serve_metrics", "MetricsServer", "StatsCollector", "COUNTER_HELP", "GAUGES"]
+__all__ = ["serve_metrics", "serve_coordinator", "MetricsServer", "StatsCollector",
+           "BoardCollector", "MetricsSources", "COUNTER_HELP", "LABELLED_HELP",
+           "HISTOGRAM_HELP", "driver_heap"]
 
-# snapshot key -> help text. Prometheus appends ``_total`` to counter names.
+# snapshot key -> help text, for the figures the keys do not tally. Prometheus appends _total.
 COUNTER_HELP: dict[str, str] = {
-    "halves": "half messages registered",
-    "released": "messages released to their real topic (committed)",
-    "rolled_back": "transactions rolled back",
-    "checks_sent": "back-checks sent to producers",
-    "discarded": "half messages discarded (check max or reserved time reached)",
-    "dead_letters": "records refused to the dead-letter topic",
     "rejected": "end events refused (wrong group, contradicting decision)",
     "duplicates": "duplicate half messages or end events recognised",
     "expired": "end events dead-lettered because their half message never came",
@@ -40,23 +53,28 @@ COUNTER_HELP: dict[str, str] = {
     "input_rows": "records read from the half and end topics",
 }
 
-# metric name -> (snapshot key, scale to base unit, help). Durations in seconds (Prometheus).
-GAUGES: dict[str, tuple[str, float, str]] = {
-    "txstream_pending": ("pending", 1.0,
-                         "transactions seen by this process and not resolved yet"),
-    "txstream_last_batch_seconds": ("last_batch_ms", 0.001,
-                                    "duration of the last micro-batch"),
-    "txstream_check_lateness_max_seconds": ("check_late_max_ms", 0.001,
-                                            "latest a back-check was sent after it was due"),
-    "txstream_commit_to_visible_avg_seconds": ("visible_lag_avg_ms", 0.001,
-                                               "average time from a commit's send to release"),
-    "txstream_commit_to_visible_max_seconds": ("visible_lag_max_ms", 0.001,
-                                               "longest time from a commit's send to release"),
+# The keys' counters (streaming.engine.key_metrics.Counted): help text, by metric.
+LABELLED_HELP: dict[str, str] = {
+    Counted.HALF_MESSAGES: "half messages registered",
+    Counted.COMMITS: "messages released to their real topic (committed transactions)",
+    Counted.ROLLBACKS: "transactions rolled back",
+    Counted.CHECKS_SENT: "back-checks sent to producers",
+    Counted.CHECKS_ANSWERED: "back-check answers counted, by the producer's outcome",
+    Counted.DISCARDS: "half messages discarded, by reason (check max or reserved time)",
+    Counted.DEAD_LETTERS: "records refused to the dead-letter topic, by refusal code",
 }
+
+HISTOGRAM_HELP: dict[str, str] = {
+    Timed.COMMIT_TO_VISIBLE: "time from a commit's send to its message's release",
+    Timed.CHECK_LATENESS: "time a back-check was sent after it was due",
+    BATCH_DURATION: "duration of a micro-batch",
+}
+
+_BOUNDS_S = [f"{ms / 1000:g}" for ms in BUCKETS_MS] + ["+Inf"]
 
 
 class StatsCollector(Collector):
-    """Turns one :class:`CoordinatorStats` into Prometheus metrics at every scrape."""
+    """The per-kind totals of :class:`CoordinatorStats` the keys do not tally."""
 
     def __init__(self, stats: CoordinatorStats) -> None:
         self.stats = stats
@@ -65,16 +83,132 @@ class StatsCollector(Collector):
         snap = self.stats.snapshot()
         for key, text in COUNTER_HELP.items():
             yield CounterMetricFamily(f"txstream_{key}", text, value=float(snap.get(key, 0)))
-        for name, (key, scale, text) in GAUGES.items():
-            yield GaugeMetricFamily(name, text, value=float(snap.get(key, 0)) * scale)
+
+
+def driver_heap(spark: Any) -> Callable[[], tuple[int, int]]:
+    """(used, max) bytes of the driver JVM's heap, read over py4j at each call."""
+    def read() -> tuple[int, int]:
+        runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()
+        return int(runtime.totalMemory()) - int(runtime.freeMemory()), int(runtime.maxMemory())
+    return read
+
+
+@dataclass
+class MetricsSources:
+    """What a coordinator's ``/metrics`` and ``/healthz`` read; any of them may be absent."""
+
+    stats: CoordinatorStats
+    board: MetricsBoard | None = None
+    lag: LagWatch | None = None
+    heap: Callable[[], tuple[int, int]] | None = None
+    health: HealthCheck | None = None
+
+
+class BoardCollector(Collector):
+    """The labelled counters, histograms and gauges of a :class:`MetricsBoard`, the lag and
+    the heap. Every family is listed at every scrape, with or without samples yet."""
+
+    def __init__(self, sources: MetricsSources) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        board = self.sources.board
+        view = board.view() if board is not None else None
+        yield from self._counters(view)
+        yield from self._histograms(view)
+        yield from self._open(view)
+        yield from self._lag()
+        yield from self._heap()
+
+    def _counters(self, view: BoardView | None) -> Iterable[Metric]:
+        for name, text in LABELLED_HELP.items():
+            family = CounterMetricFamily(f"txstream_{name}", text, labels=Counted.LABELS[name])
+            for (metric, labels), n in (view.counters.items() if view else ()):
+                if metric == name:
+                    family.add_metric(list(labels), float(n))
+            yield family
+
+    def _histograms(self, view: BoardView | None) -> Iterable[Metric]:
+        for name, text in HISTOGRAM_HELP.items():
+            counts = view.histograms.get(name) if view else None
+            counts = counts or [0] * (len(BUCKETS_MS) + 2)
+            cumulative, running = [], 0
+            for bound, n in zip(_BOUNDS_S, counts[:-1], strict=True):
+                running += n
+                cumulative.append((bound, float(running)))
+            yield HistogramMetricFamily(f"txstream_{name}_seconds", text, buckets=cumulative,
+                                        sum_value=counts[-1] / 1000)
+
+    def _open(self, view: BoardView | None) -> Iterable[Metric]:
+        if view is None or not view.open_known:
+            return  # not known until the state was read: absent, not zero
+        pending = GaugeMetricFamily(
+            "txstream_pending_transactions",
+            "unresolved transactions held, by status (pending, committed waiting for its "
+            "release, held end event) and producer group", labels=("status", "producer_group"))
+        for (status, group), n in sorted(view.open_counts.items()):
+            pending.add_metric([status, group], float(n))
+        yield pending
+        age = 0.0 if view.oldest_born is None else max(0.0, time.time() - view.oldest_born / 1000)
+        yield GaugeMetricFamily("txstream_oldest_pending_age_seconds",
+                                "age of the oldest pending half message (0: none)", value=age)
+
+    def _lag(self) -> Iterable[Metric]:
+        lag = self.sources.lag.lag() if self.sources.lag is not None else None
+        if lag is None:
+            return
+        family = GaugeMetricFamily(
+            "txstream_input_lag_records", "records of an input partition not yet read by a "
+            "completed micro-batch", labels=("topic", "partition"))
+        for (topic, partition), n in sorted(lag.items()):
+            family.add_metric([topic, str(partition)], float(n))
+        yield family
+
+    def _heap(self) -> Iterable[Metric]:
+        if self.sources.heap is None:
+            return
+        try:
+            used, most = self.sources.heap()
+        except Exception:  # py4j: the JVM is gone; /healthz says so
+            return
+        yield GaugeMetricFamily("txstream_driver_heap_used_bytes",
+                                "the Spark driver JVM's heap in use", value=float(used))
+        yield GaugeMetricFamily("txstream_driver_heap_max_bytes",
+                                "the Spark driver JVM's largest heap (-Xmx)", value=float(most))
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # not a line per scrape
+
+
+def _app(registry: CollectorRegistry, health: HealthCheck | None) -> Callable[..., Any]:
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if health is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"no health check\n"]
+        healthy, body = health.check()
+        start_response("200 OK" if healthy else "503 Service Unavailable",
+                       [("Content-Type", "application/json")])
+        return [json.dumps(body).encode("utf-8") + b"\n"]
+    return app
 
 
 class MetricsServer:
-    """The HTTP server behind ``/metrics``; ``close()`` stops it and frees the port."""
+    """The HTTP server behind ``/metrics`` and ``/healthz``; ``close()`` frees the port."""
 
     def __init__(self, httpd: Any, thread: threading.Thread) -> None:
         self._httpd = httpd
         self._thread = thread
+        self._also: list[Callable[[], None]] = []
+
+    def on_close(self, close: Callable[[], None]) -> None:
+        """Call ``close`` too when the server closes."""
+        self._also.append(close)
 
     @property
     def port(self) -> int:
@@ -84,19 +218,57 @@ class MetricsServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
 
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
+
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+        for close in self._also:
+            close()
 
 
-def serve_metrics(port: int, stats: CoordinatorStats, host: str = "0.0.0.0") -> MetricsServer:
-    """Serve ``stats`` on ``http://HOST:PORT/metrics`` from a daemon thread.
-
-    ``host`` defaults to all interfaces (a scraper in another container must reach it);
-    ``port=0`` picks a free port (see ``MetricsServer.port``).
-    """
+def serve_metrics(port: int, stats: CoordinatorStats | MetricsSources,
+                  host: str = "0.0.0.0") -> MetricsServer:
+    """Serve ``/metrics`` (and ``/healthz`` when given a health check) on ``HOST:PORT`` from a
+    daemon thread. ``host`` defaults to all interfaces (a scraper in another container must
+    reach it); ``port=0`` picks a free port (see ``MetricsServer.port``)."""
+    sources = stats if isinstance(stats, MetricsSources) else MetricsSources(stats)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(StatsCollector(stats))
-    httpd, thread = start_wsgi_server(port, addr=host, registry=registry)
+    registry.register(StatsCollector(sources.stats))
+    registry.register(BoardCollector(sources))
+    # The process's CPU, memory and open files, as the default registry would have them.
+    registry.register(ProcessCollector(registry=None))
+    httpd = make_server(host, port, _app(registry, sources.health), ThreadingWSGIServer,
+                        handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="txstream-metrics", daemon=True)
+    thread.start()
     return MetricsServer(httpd, thread)
+
+
+def serve_coordinator(coordinator: Any, thresholds: HealthThresholds | None = None,
+                      port: int | None = None, host: str | None = None) -> MetricsServer:
+    """``/metrics`` and ``/healthz`` of a started :class:`~streaming.engine.coordinator.
+    Coordinator`, its input lag watched; ``port``/``host`` default to its config's. Closing
+    the server stops the lag watch too."""
+    from streaming.engine.timers import schedule_file
+
+    config = coordinator.config
+    thresholds = thresholds or HealthThresholds()
+    board = coordinator.listener.board
+    lag = LagWatch(config.kafka, [config.topics.half, config.topics.end], board,
+                   window_s=thresholds.lag_growing_s).start()
+    health = HealthCheck(lambda: query_problem(coordinator), board, lag,
+                         schedule_file(str(config.checkpoint_dir)), thresholds)
+    sources = MetricsSources(coordinator.listener.stats, board, lag,
+                             driver_heap(coordinator.spark), health)
+    try:
+        server = serve_metrics(config.metrics_port if port is None else port, sources,
+                               config.metrics_host if host is None else host)
+    except BaseException:
+        lag.close()
+        raise
+    server.on_close(lag.close)
+    return server

@@ -15,6 +15,8 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
+from streaming.engine.board import MetricsBoard
+
 __all__ = ["CoordinatorStats", "JsonProgressListener", "ProgressListener", "COUNTERS",
            "format_batch"]
 
@@ -129,15 +131,18 @@ def format_batch(progress: Any, batch: dict[str, int], stats: CoordinatorStats) 
 
 
 class ProgressListener(JsonProgressListener):
-    """Feeds :class:`CoordinatorStats`; prints one line per batch that did something."""
+    """Feeds :class:`CoordinatorStats` and the labelled :class:`MetricsBoard`; prints one line
+    per batch that did something."""
 
     def __init__(
         self,
         stats: CoordinatorStats | None = None,
         emit: Callable[[str], None] | None = None,
         query_name: str | None = None,
+        board: MetricsBoard | None = None,
     ) -> None:
         self.stats = stats or CoordinatorStats()
+        self.board = board or MetricsBoard(open_known=False)
         self.emit = emit
         self.query_name = query_name
         self.errors: list[str] = []
@@ -150,6 +155,7 @@ class ProgressListener(JsonProgressListener):
         if self.query_name and progress.name != self.query_name:
             return
         batch = self.stats.add_batch(progress)
+        self.board.add_progress(progress)
         if self.emit and (progress.numInputRows or any(batch.values())):
             self.emit(format_batch(progress, batch, self.stats))
 

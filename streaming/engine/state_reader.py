@@ -16,7 +16,7 @@ from typing import Any
 from state.bucket import Bucket
 from state.lifecycle import Transaction
 
-__all__ = ["PendingRow", "read_pending"]
+__all__ = ["PendingRow", "read_pending", "read_key_summaries"]
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ def _row(tx: Transaction, key: int, now: int) -> PendingRow:
     )
 
 
-def read_pending(spark: Any, checkpoint_dir: str, batch_id: int | None = None,
-                 now_ms: int | None = None) -> list[PendingRow]:
-    """Every unresolved transaction in the checkpoint's state, oldest first."""
+def _state_rows(spark: Any, checkpoint_dir: str, batch_id: int | None) -> list[Any]:
     # The state reader registers with the StateStoreCoordinator, which a session creates with
     # its streaming query manager: a fresh session (``txstream pending`` in a new process) has
     # none until ``streams`` is touched, and every read failed with RpcEndpointNotFound.
@@ -72,7 +70,29 @@ def read_pending(spark: Any, checkpoint_dir: str, batch_id: int | None = None,
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", str(batch_id))
-    rows = reader.load(checkpoint_dir).select("key", "value").collect()
+    rows: list[Any] = reader.load(checkpoint_dir).select("key", "value").collect()
+    return rows
+
+
+def read_key_summaries(spark: Any, checkpoint_dir: str, batch_id: int | None = None
+                       ) -> list[str]:
+    """What each state key holds open as of a committed batch, as the operator's summaries
+    (:meth:`streaming.engine.key_metrics.KeyTally.summary`, no counts): the metrics board's
+    seed after a restart."""
+    from streaming.engine.key_metrics import KeyTally
+
+    out = []
+    for r in _state_rows(spark, checkpoint_dir, batch_id):
+        key = int(r["key"]["state_key"])
+        summary = KeyTally(0).summary(key, Bucket.decode(_blob(r["value"])))
+        out.append(summary.decode("utf-8"))
+    return out
+
+
+def read_pending(spark: Any, checkpoint_dir: str, batch_id: int | None = None,
+                 now_ms: int | None = None) -> list[PendingRow]:
+    """Every unresolved transaction in the checkpoint's state, oldest first."""
+    rows = _state_rows(spark, checkpoint_dir, batch_id)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     out = []
     for r in rows:

@@ -1,0 +1,197 @@
+"""Is the coordinator keeping up? The input lag, watched from the driver, and ``/healthz``.
+
+The lag of an input partition is its end (the fetch high watermark, read by this process every
+few seconds) less the offset the last completed micro-batch read up to (its progress's end
+offset, :class:`streaming.engine.board.MetricsBoard`). A stuck batch reports no progress, so
+the ends are read here, not taken from the query's progress.
+
+``/healthz`` says 503 with the reason when the query failed or stopped, when the input lag grew
+for longer than a threshold (or was not read at all while records waited), or when a timer is
+overdue by more than a threshold; otherwise 200. An idle coordinator with no timer due is
+healthy: it runs no batch because it has nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streaming.engine.board import MetricsBoard, Position
+from txstream.kafka import KafkaSettings
+from txstream.timer_schedule import Schedule
+
+__all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """``--health-lag-growing`` and ``--health-timer-overdue``, in seconds."""
+
+    lag_growing_s: float = 300.0
+    timer_overdue_s: float = 120.0
+
+
+class LagWatch:
+    """Samples every input partition's lag every ``interval_s`` on a daemon thread."""
+
+    def __init__(self, kafka: KafkaSettings, topics: Sequence[str], board: MetricsBoard,
+                 interval_s: float = 5.0, window_s: float = 300.0) -> None:
+        self._kafka, self._topics, self._board = kafka, list(topics), board
+        self._interval_s, self._window_s = interval_s, window_s
+        self._lock = threading.Lock()
+        self._lag: dict[Position, int] | None = None
+        # (monotonic time, total lag, total offsets read) per sample, the last window's worth.
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> LagWatch:
+        self._thread = threading.Thread(target=self._run, name="txstream-lag", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def lag(self) -> dict[Position, int] | None:
+        """Records behind each partition's end at the last sample; None: not known yet."""
+        with self._lock:
+            return None if self._lag is None else dict(self._lag)
+
+    def sample(self) -> None:
+        """Read the partitions' ends once and record the lag against the board's offsets."""
+        consumed = self._board.view().consumed
+        ends = self._ends(consumed or {})
+        if consumed is None:
+            return  # what was read is not known yet (the state could not be read)
+        lag = {pos: max(0, end - consumed.get(pos, 0)) for pos, end in ends.items()}
+        with self._lock:
+            self._lag = lag
+            now = time.monotonic()
+            self._samples.append((now, sum(lag.values()), sum(consumed.values())))
+            # Keep one sample at or before the window's start, so the window is covered.
+            while len(self._samples) > 1 and self._samples[1][0] <= now - self._window_s:
+                self._samples.popleft()
+
+    def falling_behind(self, window_s: float) -> str | None:
+        """Why the input is not being kept up with over the last ``window_s``, or None."""
+        with self._lock:
+            samples = list(self._samples)
+        start = time.monotonic() - window_s
+        if not samples or samples[0][0] > start:
+            return None  # not watched for a whole window yet
+        # The window's samples, from the last one at or before its start.
+        first = max(i for i, (t, _, _) in enumerate(samples) if t <= start)
+        samples = samples[first:]
+        if any(lag == 0 for _, lag, _ in samples):
+            return None
+        lags = [lag for _, lag, _ in samples]
+        if samples[-1][2] == samples[0][2]:
+            return (f"no input read for {window_s:g}s while {lags[-1]} records wait "
+                    f"(--health-lag-growing)")
+        middle = samples[0][0] + (samples[-1][0] - samples[0][0]) / 2
+        early = [lag for t, lag, _ in samples if t <= middle]
+        late = [lag for t, lag, _ in samples if t > middle]
+        if early and late and min(late) > max(early):
+            return (f"input lag grew for {window_s:g}s: {lags[0]} -> {lags[-1]} records "
+                    f"(--health-lag-growing)")
+        return None
+
+    def _ends(self, starts: dict[Position, int]) -> dict[Position, int]:
+        from kafka import TopicPartition
+
+        from txstream.kafka.clients import make_consumer
+        from txstream.kafka.reading import fetch_ends
+
+        # A new client each time: a kept one answered from a fetch of an earlier sample.
+        consumer = make_consumer(self._kafka, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
+        try:
+            tps = [TopicPartition(topic, p) for topic in self._topics
+                   for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            return fetch_ends(consumer, tps, starts, timeout_s=self._interval_s * 2)
+        finally:
+            consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as exc:  # a broker away for a while: the lag stays as it was
+                log.debug("input lag not sampled: %s", exc)
+            self._stop.wait(self._interval_s)
+
+
+def query_problem(coordinator: Any) -> str | None:
+    """Why the coordinator's query is not running, or None while it runs."""
+    query = coordinator.query
+    if query is None:
+        return "query stopped"
+    try:
+        if query.isActive:
+            return None
+    except Exception as exc:  # py4j: the JVM that ran the query has exited
+        return f"the Spark JVM is gone ({type(exc).__name__})"
+    failure = coordinator.failure()
+    return f"query failed: {failure}" if failure else "query stopped"
+
+
+class HealthCheck:
+    """The verdict of ``/healthz``: (healthy, a small JSON-able body)."""
+
+    def __init__(self, problem: Callable[[], str | None], board: MetricsBoard,
+                 lag: LagWatch | None = None, schedule: Path | None = None,
+                 thresholds: HealthThresholds | None = None) -> None:
+        self._problem, self._board, self._lag = problem, board, lag
+        self._schedule = schedule
+        self.thresholds = thresholds or HealthThresholds()
+
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        view = self._board.view()
+        body: dict[str, Any] = {"batches": view.batches}
+        if view.last_batch_at is not None:
+            body["last_batch_age_s"] = round(time.time() - view.last_batch_at, 3)
+        lag = self._lag.lag() if self._lag is not None else None
+        if lag is not None:
+            body["input_lag"] = sum(lag.values())
+        overdue = self._overdue_s()
+        if overdue is not None:
+            body["timer_overdue_s"] = round(overdue, 3)
+        reasons = [r for r in (self._problem(), self._lag_reason(), self._timer_reason(overdue))
+                   if r]
+        body["status"] = "unhealthy" if reasons else "ok"
+        if reasons:
+            body["reasons"] = reasons
+        return not reasons, body
+
+    def _lag_reason(self) -> str | None:
+        if self._lag is None:
+            return None
+        return self._lag.falling_behind(self.thresholds.lag_growing_s)
+
+    def _timer_reason(self, overdue: float | None) -> str | None:
+        limit = self.thresholds.timer_overdue_s
+        if overdue is None or overdue <= limit:
+            return None
+        return f"a timer is overdue by {overdue:.1f}s (--health-timer-overdue {limit:g}s)"
+
+    def _overdue_s(self) -> float | None:
+        """How long the earliest timer of the driver's schedule has been due (None: none is)."""
+        if self._schedule is None:
+            return None
+        try:
+            timeouts = Schedule.load(self._schedule).timeouts
+        except (ValueError, KeyError, TypeError):  # written atomically; damaged only by hand
+            return None
+        due = min(timeouts.values(), default=None)
+        late = time.time() - due / 1000 if due is not None else None
+        return late if late is not None and late > 0 else None

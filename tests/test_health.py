@@ -1,0 +1,125 @@
+"""/healthz's verdicts: the input lag against a real broker, the driver's timer schedule in a real
+file, and the log formats of txstream's own lines."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streaming.engine.board import MetricsBoard
+from streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
+from txstream.kafka import KafkaSettings
+from txstream.kafka.reading import partition_ends
+from txstream.timer_schedule import Schedule
+from txstream.topics import Topics
+
+from kafka_helpers import half_record, produce
+
+
+def _watch(kafka: KafkaSettings, topics: Topics, board: MetricsBoard) -> LagWatch:
+    return LagWatch(kafka, [topics.half, topics.end], board, interval_s=1.0, window_s=60.0)
+
+
+@pytest.mark.kafka
+def test_the_lag_is_what_no_batch_has_read_yet(kafka: KafkaSettings, topics: Topics,
+                                              unique: str) -> None:
+    board = MetricsBoard()
+    board.seed(-1, (), {})  # a new checkpoint: nothing read yet
+    produce(kafka, [half_record(topics, f"{unique}-{i}", "g", "real") for i in range(5)])
+    watch = _watch(kafka, topics, board)
+    try:
+        watch.sample()
+        lag = watch.lag()
+        assert lag is not None and sum(lag.values()) == 5
+        assert {topic for topic, _ in lag} <= {topics.half, topics.end}
+        read = {pos: end for pos, end in lag.items()}  # a batch read everything
+        board.seed(0, (), read)
+        watch.sample()
+        assert sum((watch.lag() or {}).values()) == 0
+    finally:
+        watch.close()
+
+
+@pytest.mark.kafka
+def test_a_lag_that_grows_or_is_not_read_is_unhealthy(kafka: KafkaSettings, topics: Topics,
+                                                     unique: str) -> None:
+    board = MetricsBoard()
+    board.seed(-1, (), {})
+    watch = _watch(kafka, topics, board)
+    check = HealthCheck(lambda: None, board, watch, thresholds=HealthThresholds(1.0, 60.0))
+    try:
+        for i in range(4):  # records keep coming, no batch reads them
+            produce(kafka, [half_record(topics, f"{unique}-{i}", "g", "real")])
+            watch.sample()
+            time.sleep(0.4)
+        healthy, body = check.check()
+        assert not healthy and body["input_lag"] == 4, body
+        assert "no input read for 1s while 4 records wait" in body["reasons"][0]
+        # Read, but less than came in: two records come and one is read each time.
+        for i in range(5):
+            produce(kafka, [half_record(topics, f"{unique}-{i}-{n}", "g", "real")
+                            for n in range(2)])
+            ends = {(t, p): e for t in (topics.half, topics.end)
+                    for p, e in partition_ends(kafka, t).items()}
+            fullest = max(ends, key=lambda pos: ends[pos])
+            board.seed(10 + i, (), {**ends, fullest: ends[fullest] - (i + 1)})
+            watch.sample()
+            time.sleep(0.4)
+        healthy, body = check.check()
+        assert not healthy and body["input_lag"] == 5, body
+        assert "input lag grew for 1s" in body["reasons"][0], body
+        board.seed(20, (), ends)
+        watch.sample()  # caught up: healthy at once
+        healthy, body = check.check()
+        assert healthy and body == {"batches": 0, "input_lag": 0, "status": "ok"}, body
+    finally:
+        watch.close()
+
+
+def test_an_idle_coordinator_is_healthy_and_an_overdue_timer_is_not(tmp_path: Path) -> None:
+    schedule = tmp_path / "timers.json"
+    board = MetricsBoard()
+    check = HealthCheck(lambda: None, board, schedule=schedule,
+                        thresholds=HealthThresholds(timer_overdue_s=30.0))
+    assert check.check() == (True, {"batches": 0, "status": "ok"})  # no schedule yet
+    now_ms = int(time.time() * 1000)
+    Schedule({1: now_ms + 60_000, 2: now_ms - 5_000}, batch=3).save(schedule)
+    healthy, body = check.check()  # due 5 s ago: within the threshold
+    assert healthy and 4 < body["timer_overdue_s"] < 30, body
+    Schedule({1: now_ms - 45_000}, batch=4).save(schedule)
+    healthy, body = check.check()
+    assert not healthy and body["reasons"] == [
+        f"a timer is overdue by {body['timer_overdue_s']:.1f}s (--health-timer-overdue 30s)"]
+    failed = HealthCheck(lambda: "query failed: boom", board)
+    assert failed.check() == (False, {"batches": 0, "status": "unhealthy",
+                                      "reasons": ["query failed: boom"]})
+
+
+_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+
+
+def _lines(fmt: str) -> tuple[str, str]:
+    code = ("import logging; from streaming.cli.options import set_log_level; "
+            f"from streaming.cli.logs import say; set_log_level('INFO', {fmt!r}); "
+            "say('coordinator running'); logging.getLogger('txstream.x').warning('look')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return done.stdout.strip(), done.stderr.strip()
+
+
+def test_txstream_lines_carry_an_iso_8601_time_as_text_or_json() -> None:
+    out, err = _lines("text")
+    assert re.fullmatch(rf"\[{_ISO}\] coordinator running", out), out
+    assert re.fullmatch(rf"{_ISO} WARNING txstream.x: look", err), err
+    out, err = _lines("json")
+    said, logged = json.loads(out), json.loads(err)
+    assert said["message"] == "coordinator running" and said["level"] == "INFO"
+    assert logged == {"time": logged["time"], "level": "WARNING", "logger": "txstream.x",
+                      "message": "look"}
+    assert re.fullmatch(_ISO, said["time"]) and re.fullmatch(_ISO, logged["time"])
