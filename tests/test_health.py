@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from txstream.kafka.reading import partition_ends
 from txstream.timer_schedule import Schedule
 from txstream.topics import Topics
 
-from kafka_helpers import half_record, produce
+from kafka_helpers import half_record, produce, wait_until
 
 
 def _watch(kafka: KafkaSettings, topics: Topics, board: MetricsBoard) -> LagWatch:
@@ -65,8 +66,7 @@ def test_a_lag_that_grows_or_is_not_read_is_unhealthy(kafka: KafkaSettings, topi
         for i in range(5):
             produce(kafka, [half_record(topics, f"{unique}-{i}-{n}", "g", "real")
                             for n in range(2)])
-            ends = {(t, p): e for t in (topics.half, topics.end)
-                    for p, e in partition_ends(kafka, t).items()}
+            ends = wait_until(lambda n=4 + 2 * (i + 1): _ends_at(kafka, topics, n), 10)
             fullest = max(ends, key=lambda pos: ends[pos])
             board.seed(10 + i, (), {**ends, fullest: ends[fullest] - (i + 1)})
             watch.sample()
@@ -80,6 +80,14 @@ def test_a_lag_that_grows_or_is_not_read_is_unhealthy(kafka: KafkaSettings, topi
         assert healthy and body == {"batches": 0, "input_lag": 0, "status": "ok"}, body
     finally:
         watch.close()
+
+
+def _ends_at(kafka: KafkaSettings, topics: Topics, records: int) -> dict[Any, int] | None:
+    """The partitions' ends once they hold ``records`` in all (the broker's high watermark
+    may trail an acknowledged write by a fetch)."""
+    ends = {(t, p): e for t in (topics.half, topics.end)
+            for p, e in partition_ends(kafka, t).items()}
+    return ends if sum(ends.values()) == records else None
 
 
 def test_an_idle_coordinator_is_healthy_and_an_overdue_timer_is_not(tmp_path: Path) -> None:

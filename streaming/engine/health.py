@@ -118,7 +118,9 @@ class LagWatch:
         try:
             tps = [TopicPartition(topic, p) for topic in self._topics
                    for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            return fetch_ends(consumer, tps, starts, timeout_s=self._interval_s * 2)
+            # A position is never below 0 (one read from a damaged checkpoint would be).
+            begin = {pos: max(0, offset) for pos, offset in starts.items()}
+            return fetch_ends(consumer, tps, begin, timeout_s=self._interval_s * 2)
         finally:
             consumer.close()
 
