@@ -17,6 +17,7 @@ from typing import Any
 from bench.ceiling import measure_ceiling
 from bench.coordinator_phases import measure_latency, measure_throughput
 from bench.cpu import CpuMeter, cpu_times, steal_pct
+from bench.fair import ORDER, WARM_UP_TRANSACTIONS, compare, throughput_run
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import PipeResult, run_raw_pipe
@@ -90,7 +91,8 @@ def _empty() -> dict[str, Any]:
             "steal_pct": {}, "cpu": {}, "cpu_ratio": None,
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
-            "latency": None, "batch_ms_vs_pending": []}
+            "latency": None, "batch_ms_vs_pending": [],
+            "fair": None, "coordinator_to_ceiling": None, "coordinator_to_ceiling_cpu": None}
 
 
 def run_bench(config: RunConfig, options: BenchOptions,
@@ -115,11 +117,16 @@ def run_bench(config: RunConfig, options: BenchOptions,
             "ceiling": lambda: _ceiling(config, options, result, meter, say),
             "pending": lambda: _pending(config, options, result, say),
         }
+        fair = {"coordinator", "ceiling"} <= set(options.phases)
         for phase in PHASES:
             if phase in options.phases:
+                if fair and phase == "coordinator":
+                    _warm_up(config, options, meter, say)
                 before = cpu_times()
                 run[phase]()
                 result["steal_pct"][phase] = steal_pct(before, cpu_times())
+                if fair and phase == "ceiling":
+                    _fair(config, options, result, meter, say)
         result["load_average_end"] = load_average()
     pipe_cpu, coordinator_cpu = result["cpu"].get("pipe"), result["cpu"].get("coordinator")
     if pipe_cpu and coordinator_cpu and coordinator_cpu["us_per_tx"] > 0:
@@ -231,6 +238,40 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
     say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f}); "
         f"commit->visible p50 {lat.commit_to_visible_ms['p50']} ms at "
         f"{lat.offered_tx_per_s:,.0f} tx/s")
+
+
+def _workload(settings: KafkaSettings, partitions: int) -> Callable[[str, int], Workload]:
+    def make(tag: str, n: int) -> Workload:
+        workload = fresh_workload(tag)
+        prepare_topics(settings, workload, n, partitions)
+        return workload
+    return make
+
+
+def _warm_up(config: RunConfig, options: BenchOptions, meter: CpuMeter,
+             say: Callable[[str], None]) -> None:
+    """Both queries once on a short backlog, so that neither is measured in a cold JVM."""
+    n = min(WARM_UP_TRANSACTIONS, options.transactions)
+    say(f"warm-up: coordinator and ceiling on {n:,} transactions each")
+    for query in ("coordinator", "ceiling"):
+        throughput_run(config, query, n, meter, _workload(config.kafka, config.topic_partitions))
+
+
+def _fair(config: RunConfig, options: BenchOptions, result: dict[str, Any], meter: CpuMeter,
+          say: Callable[[str], None]) -> None:
+    """The coordinator against its ceiling, warm, in the order of ``bench.fair.ORDER``."""
+    runs = []
+    for query in ORDER:
+        run = throughput_run(config, query, options.transactions, meter,
+                             _workload(config.kafka, config.topic_partitions))
+        say(f"fair comparison: {query} {run.tx_per_s:,.0f} tx/s, "
+            f"{run.us_per_tx or 0:,.0f} us CPU per transaction")
+        runs.append(run)
+    result["fair"] = compare(runs)
+    result["coordinator_to_ceiling"] = result["fair"]["coordinator_to_ceiling"]
+    result["coordinator_to_ceiling_cpu"] = result["fair"]["coordinator_to_ceiling_cpu"]
+    say(f"fair comparison: coordinator/ceiling {result['coordinator_to_ceiling']} by tx/s, "
+        f"{result['coordinator_to_ceiling_cpu']} by CPU per transaction")
 
 
 def _stop_jvm() -> None:

@@ -54,7 +54,15 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
         assert point["rss_mb"] > 0
         # Idle with every timer hours away, the coordinator runs no batch at all.
         assert point["idle_batches"] == 0 and point["idle_batch_ms_p50"] is None
-    assert set(result["targets"]) >= {"ratio >= 0.5", "check_lateness p99 <= 1.5 s"}
+    assert set(result["targets"]) >= {"coordinator_to_ceiling (tx/s) >= 0.8",
+                                      "check_lateness p99 <= 1 s",
+                                      "memory per pending transaction (rocksdb) <= 200 B"}
+    # The coordinator against its ceiling, warm, in an A-B-B-A order, by rate and by CPU.
+    fair = result["fair"]
+    assert fair["order"] == ["coordinator", "ceiling", "ceiling", "coordinator"]
+    assert all(len(fair["tx_per_s"][q]) == 2 and min(fair["tx_per_s"][q]) > 0
+               for q in ("coordinator", "ceiling"))
+    assert result["coordinator_to_ceiling"] > 0 and result["coordinator_to_ceiling_cpu"] > 0
     # Each phase says how much CPU the hypervisor took from this machine while it ran.
     assert set(result["steal_pct"]) == {"pipe", "coordinator", "ceiling", "pending"}
     assert all(0 <= v <= 100 for v in result["steal_pct"].values())
