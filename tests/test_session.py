@@ -183,3 +183,32 @@ def test_txstream_run_honours_conf_flags_and_spark_defaults(
         assert f"-Dfrom.defaults=1 {JIT_OPTIONS['c1']}" in options, options
     finally:
         process.terminate()
+
+
+def test_after_a_failure_spark_s_python_processes_of_this_group_are_ended() -> None:
+    import subprocess
+    import sys
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "pyspark.daemon"]
+    # A command in a process group of its own, as `txstream run` is: one runner a dead JVM
+    # left behind, one Python process that is not Spark's.
+    command = (
+        "import subprocess, sys\n"
+        "from streaming.engine.session import end_spark\n"
+        f"orphan = subprocess.Popen({sleeper!r})\n"
+        f"other = subprocess.Popen({sleeper[:3]!r})\n"
+        "end_spark(None)\n"
+        "print(orphan.wait(timeout=5), other.poll())\n"
+        "other.kill()\n"
+    )
+    elsewhere = subprocess.Popen(sleeper)  # Spark-like, in another group (this test's)
+    try:
+        done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True,
+                              timeout=60, start_new_session=True)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["-15", "None"]  # SIGTERM, nothing printed; other lives
+        assert done.stderr == ""
+        assert elsewhere.poll() is None
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()

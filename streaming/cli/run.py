@@ -14,7 +14,7 @@ from streaming.cli.options import add_run_arguments, config_from_args, set_log_l
 from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
 from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
 from streaming.engine.coordinator import Coordinator
-from streaming.engine.session import on_jvm_signals, submitted
+from streaming.engine.session import end_spark, on_jvm_signals, submitted
 from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
 from txstream.kafka import wait_for_broker
@@ -106,6 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
     # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
     # py4j log its connection errors, and the verdict must be the last line a user reads.
     if failure:
+        end_spark(coordinator.spark)
         print(f"txstream: coordinator failed: {failure}", file=sys.stderr)
         return 1
     return 0

@@ -9,8 +9,10 @@ are extended rather than replaced.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,8 @@ from streaming.engine.spark_settings import (
     with_no_fork_fs,
 )
 
-__all__ = ["build_session", "stop_spark", "on_jvm_signals", "given_settings", "submitted"]
+__all__ = ["build_session", "stop_spark", "end_spark", "on_jvm_signals", "given_settings",
+           "submitted"]
 
 
 def submitted() -> bool:
@@ -158,3 +161,55 @@ def stop_spark(spark: Any) -> None:
     except Exception:
         proc.kill()
         proc.wait(timeout=5)
+
+
+def _spark_python_processes() -> list[int]:
+    """Spark's Python workers and runners in this process group (the JVM started them; a JVM
+    that died left them to init, where the group still finds them)."""
+    group, own = os.getpgrp(), os.getpid()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+            program = os.path.basename(command.split(b"\0", 1)[0])
+            # Python processes only: under spark-submit the JVM is this process's parent.
+            if (program.startswith(b"python") and b"pyspark" in command
+                    and os.getpgid(pid) == group):
+                found.append(pid)
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def end_spark(spark: Any, wait_s: float = 5.0) -> None:
+    """Stop Spark after a failure, before its verdict is said: the JVM (:func:`stop_spark`) and
+    its Python processes, which a dying JVM leaves to time out on its sockets and print their
+    tracebacks after the command has exited."""
+    try:
+        if spark is not None:
+            stop_spark(spark)
+    except Exception:  # the JVM is gone already: only its children are left
+        pass
+    pids = _spark_python_processes()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)  # Python's default: exit at once, nothing printed
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
+                and not _is_zombie(pid)]
+        time.sleep(0.05)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
