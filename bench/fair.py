@@ -1,10 +1,9 @@
 """The coordinator against its ceiling, on equal terms: both warm, in an A-B-B-A order.
 
-Measured once each, the coordinator ran first in a cold JVM and the ceiling after it in a warm
-one, on a VM whose speed drifts: the comparison favoured the ceiling by an unknown amount.
-Here both queries first run a short warm-up backlog in the session (JIT, Python workers, the
-first plans), then the throughput of each is taken twice in the order coordinator, ceiling,
-ceiling, coordinator, so that a drift of the machine's speed over the four runs weighs on both
+A query measured first runs in a cold JVM, and this VM's speed drifts over minutes: a single
+run of each favours whichever runs second. So both queries first run a short warm-up backlog
+in the session (JIT, Python workers, the first plans), then the throughput of each is taken
+twice in the order coordinator, ceiling, ceiling, coordinator, so that a drift weighs on both
 alike. Each run is on a fresh backlog, topics and checkpoint; its CPU per transaction (the
 whole machine's, steal excluded: :mod:`bench.cpu`) is kept beside its rate, since CPU moves
 least with the VM.
