@@ -9,7 +9,6 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,62 +18,19 @@ import console.feed as feed_module
 from console import FeedStats, Index, IndexFeed, Status, TxQuery
 from console.entries import Source
 from console.index import MEMORY
-from state.policy import Policy
 from streaming.cli import main
 from streaming.cli.admin import send_decision
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision, Message
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half
 
+from console_helpers import Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import end_record, half_record, now_ms, produce, wait_for, wait_until
 
 pytestmark = pytest.mark.spark
 
 T = TypeVar("T")
-
-# Checks start after 1 s and nobody answers them unless a test does, so a transaction stays
-# pending. Reserved time 10 min: a half message born 11 minutes ago is discarded at once.
-POLICY = Policy(transaction_timeout=1000, check_interval=2000, check_max=2,
-                reserved_time=600_000, orphan_end_timeout=5000)
-
-
-@dataclass
-class Coordinator:
-    kafka: KafkaSettings
-    topics: Topics
-    query: Any
-
-    @property
-    def args(self) -> list[str]:
-        return ["--bootstrap-servers", self.kafka.bootstrap_servers,
-                "--topic-prefix", self.topics.prefix]
-
-
-def start_console_coordinator(spark: Any, kafka: KafkaSettings, checkpoint: Path
-                              ) -> Coordinator:
-    """A coordinator on topics of its own, warmed up (its first micro-batch is slow)."""
-    topics = Topics.with_prefix(f"c{uuid.uuid4().hex[:8]}_")
-    query = start_coordinator(spark, RunConfig(
-        kafka=kafka, topics=topics, policy=POLICY, checkpoint_dir=checkpoint, buckets=8,
-        query_name=f"console-{uuid.uuid4().hex[:6]}"))
-    txid, real = f"warmup-{uuid.uuid4().hex[:6]}", f"{topics.half}_warmup"
-    produce(kafka, [half_record(topics, txid, "warmup", real),
-                    end_record(topics, txid, "warmup", Decision.COMMIT_MESSAGE)])
-    wait_for(kafka, real, 1, timeout_s=120)
-    return Coordinator(kafka, topics, query)
-
-
-def produce_unknown(coord: Coordinator, capsys: pytest.CaptureFixture[str], group: str,
-                    topic: str, body: str, *extra: str) -> str:
-    """One transaction whose producer answers UNKNOW, through ``txstream produce``."""
-    rc = main(["produce", *coord.args, "--topic", topic, "--group", group, "--unknown",
-               *extra, body])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    return out.split()[0]
 
 
 def feed_until(feed: IndexFeed, predicate: Callable[[], T], timeout_s: float = 60.0) -> T:

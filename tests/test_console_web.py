@@ -18,12 +18,12 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
-from test_console_index import Coordinator, produce_unknown, start_console_coordinator
 
 from console.server import ConsoleServer
 from streaming.cli.admin import send_decision
 from txstream.kafka import KafkaSettings
 
+from console_helpers import Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import half_record, now_ms, produce, wait_until
 
 pytestmark = pytest.mark.spark
