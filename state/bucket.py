@@ -5,9 +5,11 @@ A bucket keeps its transactions and their deadlines; the Spark timeout of the ke
 the earliest of them, and every call runs the timers that are due, so each transaction keeps
 its own timer semantics.
 
-The half message itself is kept in the state (not only its offset, as RocketMQ does): a commit
-then releases without a random read of the half topic, which with kafka-python costs a fetch
-round trip per message.
+A pending half message is kept without its body, as RocketMQ keeps an offset into its half
+queue: the message read from the half topic knows where it lies (``queue_id``, ``queue_offset``),
+and whoever writes its release, checks or discard reads the body back from there
+(``sinks.bodies``). Within the call that reads the half message the body is still at hand, so a
+commit in the same micro-batch needs no read (docs/decisions/0021-bodies-read-back.md).
 
 A bucket also numbers the records it asks to write (:meth:`Bucket.take_numbers`). The numbers
 live in the state, so a micro-batch replayed after a crash numbers its records exactly as its
@@ -34,10 +36,12 @@ __all__ = ["Bucket", "FORMAT_VERSION"]
 # 4: a held end event keeps the record it was read from (a dead letter byte for byte); a
 #    message its broker timestamp; a transaction the number of the check last answered and
 #    until when its outcome is remembered; the bucket the outcomes it remembers.
+# 5: a half message read from the half topic is kept without its body (its coordinates say
+#    where to read it back).
 # Older formats are still read so that a checkpoint survives the upgrade; buckets of formats 1
 # and 2 start a new numbering epoch.
-FORMAT_VERSION = 4
-_READABLE = (1, 2, 3, FORMAT_VERSION)
+FORMAT_VERSION = 5
+_READABLE = (1, 2, 3, 4, FORMAT_VERSION)
 
 
 # A transaction as the state holds it: decoded, or still the tuple it was encoded as.
@@ -264,7 +268,9 @@ def _msg_to_tuple(m: Message | None, share: _Share) -> tuple[object, ...] | None
     if m is None:
         return None
     properties = {share(k): share(v) for k, v in m.properties.items()}
-    return (share(m.topic), m.body, share(m.tags), share(m.keys), properties,
+    # A message that knows where it lies in the half topic is read back from there.
+    body = None if m.queue_id is not None and m.queue_offset is not None else m.body
+    return (share(m.topic), body, share(m.tags), share(m.keys), properties,
             share(m.transaction_id), share(m.msg_id), share(m.producer_group),
             m.born_timestamp, m.check_immunity_time_s, m.queue_id, m.queue_offset,
             m.reconsume_times, m.stored_timestamp)

@@ -91,7 +91,17 @@ def test_a_half_message_is_stored_and_its_first_check_armed() -> None:
     assert timer.not_before_ms == T0 + 6_000 - 500 and timer.record_id is None
     tx = saved(state).get(TXID)
     assert tx is not None and tx.status is Status.PENDING and tx.half is not None
-    assert tx.half.body == b"payload" and tx.next_check == T0 + 6_000
+    # Kept without its body: the half topic's record at (0, 0) holds it.
+    assert tx.half.body is None and (tx.half.queue_id, tx.half.queue_offset) == (0, 0)
+    assert tx.next_check == T0 + 6_000
+
+
+def test_a_commit_in_the_half_messages_batch_releases_the_body_at_hand() -> None:
+    state = group_state(T0)
+    rows = call(state, [half_row(offset=7), end_row(Decision.COMMIT_MESSAGE, offset=3)])
+    visible = rows[0]
+    assert visible.kind == Kind.VISIBLE and visible.value == b"payload"
+    assert (visible.body_partition, visible.body_offset) == (None, None)
 
 
 def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
@@ -104,6 +114,7 @@ def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
     assert kinds(rows) == [Kind.CHECK, Kind.HISTORY, Kind.TIMER]
     check = rows[0]
     assert check.topic == TOPICS.check("G") and check.key == TXID.encode()
+    assert check.value is None and (check.body_partition, check.body_offset) == (0, 0)
     # Made ahead of its deadline, so the sink must hold it until then.
     assert check.not_before_ms == due and check.lag_ms == 0
     headers = dict(unpack_headers(check.headers))
@@ -121,7 +132,9 @@ def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
     rows = call(later, [end_row(Decision.COMMIT_MESSAGE, born_timestamp=T0 + 900)])
     assert kinds(rows) == [Kind.VISIBLE, Kind.HISTORY, Kind.TIMER]
     visible = rows[0]
-    assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", b"payload")
+    # Its body is read back from where the half message lies (sinks.bodies).
+    assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", None)
+    assert (visible.body_partition, visible.body_offset) == (0, 0)
     assert visible.lag_ms == 100 and visible.not_before_ms is None
     tx = saved(later).get(TXID)
     assert tx is not None and tx.status is Status.COMMITTED and tx.half is None

@@ -1,10 +1,13 @@
-"""A coordinator whose heap is too small says so, and a restart with more loses nothing.
+"""Big bodies and a small heap: a held burst does not threaten it; a batch too big for it is
+named, and a restart with more loses nothing.
 
-Spark's own last words after an out-of-memory death blame whatever its shutdown broke (a
-``dagScheduler() is null``); the user must read which flag to raise instead. The case: a burst
-of big half messages born in the same second. They share a state key, and every micro-batch
-that touches a key copies its whole state several times over (docs/configuration.md: sizing the
-driver's heap).
+A burst of big half messages born in the same second shares a state key. The state keeps where
+each lies in the half topic, not its body (docs/decisions/0021-bodies-read-back.md), so holding
+them costs the heap nothing; their commits in a later batch read the bodies back in the sink.
+What still needs heap is one micro-batch carrying all the bodies through Spark at once: half
+messages and their commits read together. Spark's own last words after an out-of-memory death
+blame whatever its shutdown broke (a ``dagScheduler() is null``); the user must read which flag
+to raise instead.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from process_helpers import CoordinatorProcess
 
 pytestmark = pytest.mark.spark
 
-# 108 MB born in one second: too much for 512m, not for the default. With 4 MB G1 regions
-# (docs/decisions/0008-driver-heap-and-g1-regions.md) 60 of them were held at 512m once in two
-# tries, 120 never (three tries), and 2g held 180.
-HALVES = 120
+# 270 MB born in one second, held at 512m (before bodies left the state, 120 of them killed a
+# 512m driver three times in three, and 300 a 2g one).
+HELD = 300
+# 180 MB read and released in one micro-batch: too much for 512m, not for the default.
+TOGETHER = 200
 BODY_BYTES = 900_000
 
 
@@ -49,25 +53,69 @@ def _transaction_born(ms: int) -> str:
     return f"{made & ~(((1 << 48) - 1) << 80) | ms << 80:032X}"
 
 
-def test_a_heap_too_small_is_named_and_a_bigger_one_resumes_losing_nothing(
-        broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path) -> None:
-    prefix = f"oom{uuid.uuid4().hex[:8]}_"
-    topics, real, group = Topics.with_prefix(prefix), f"{prefix}real", f"{prefix}g"
+def _burst(topics: Topics, group: str, real: str, count: int) -> dict[str, bytes]:
     second = now_ms() // 1000 * 1000 - 5000
-    bodies = {_transaction_born(second + i): os.urandom(BODY_BYTES) for i in range(HALVES)}
-    produce(kafka, (half_record(topics, txid, group, real, body, born_ms=second)
+    bodies = {_transaction_born(second + i): os.urandom(BODY_BYTES) for i in range(count)}
+    return bodies
+
+
+def _halves(kafka: KafkaSettings, topics: Topics, group: str, real: str,
+            bodies: dict[str, bytes]) -> None:
+    born = int(next(iter(bodies))[:12], 16) // 1000 * 1000
+    produce(kafka, (half_record(topics, txid, group, real, body, born_ms=born)
                     for txid, body in bodies.items()))
+
+
+def _commits(kafka: KafkaSettings, topics: Topics, group: str, bodies: dict[str, bytes]) -> None:
+    produce(kafka, (end_record(topics, txid, group, Decision.COMMIT_MESSAGE) for txid in bodies))
+
+
+def _released_intact(kafka: KafkaSettings, real: str, bodies: dict[str, bytes],
+                     coordinator: CoordinatorProcess) -> None:
+    released = wait_until(
+        lambda: (lambda got: got if len(got) >= len(bodies) or not coordinator.running
+                 else None)(read_topic(kafka, real, timeout_s=10.0)),
+        timeout_s=240, interval_s=2.0)
+    assert coordinator.running, coordinator.output()[-3000:]
+    assert len(released) == len(bodies)  # once each
+    got = {headers_of(r)["UNIQ_KEY"]: hashlib.sha256(r.value).hexdigest() for r in released}
+    assert got == {txid: hashlib.sha256(body).hexdigest() for txid, body in bodies.items()}
+
+
+def _names(tmp_path: Path, broker: EmbeddedBroker) -> tuple[Topics, str, str, list[str]]:
+    prefix = f"oom{uuid.uuid4().hex[:8]}_"
     args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic-prefix", prefix,
             "--checkpoint-dir", str(tmp_path / "cp"), "--transaction-timeout", "1h"]
+    return Topics.with_prefix(prefix), f"{prefix}real", f"{prefix}g", args
 
+
+def test_a_held_burst_of_big_messages_costs_a_small_heap_nothing(
+        broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path) -> None:
+    topics, real, group, args = _names(tmp_path, broker)
+    bodies = _burst(topics, group, real, HELD)
+    coordinator = CoordinatorProcess([*args, "--driver-memory", "512m"], tmp_path / "small.log")
+    coordinator.start()
+    try:
+        _halves(kafka, topics, group, real, bodies)
+        wait_until(lambda: "batch 0:" in coordinator.output() or not coordinator.running,
+                   timeout_s=180)
+        # Held; their commits come in later batches and touch the key that holds them all.
+        _commits(kafka, topics, group, bodies)
+        _released_intact(kafka, real, bodies, coordinator)
+    finally:
+        coordinator.terminate()
+
+
+def test_a_heap_too_small_is_named_and_a_bigger_one_resumes_losing_nothing(
+        broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path) -> None:
+    topics, real, group, args = _names(tmp_path, broker)
+    bodies = _burst(topics, group, real, TOGETHER)
+    _halves(kafka, topics, group, real, bodies)
+    _commits(kafka, topics, group, bodies)  # one batch reads and releases them all
     small = CoordinatorProcess([*args, "--driver-memory", "512m"], tmp_path / "small.log")
     small.start()
     assert small.proc is not None
     try:
-        # The half messages are held (batch 0); their commits touch the keys that hold them.
-        wait_until(lambda: "batch 0:" in small.output() or not small.running, timeout_s=180)
-        produce(kafka, (end_record(topics, txid, group, Decision.COMMIT_MESSAGE)
-                        for txid in bodies))
         code = small.proc.wait(timeout=180)
     finally:
         small.terminate()
@@ -83,13 +131,6 @@ def test_a_heap_too_small_is_named_and_a_bigger_one_resumes_losing_nothing(
     assert DEFAULT_DRIVER_MEMORY == "2g"
     big = CoordinatorProcess(args, tmp_path / "big.log").start()
     try:
-        released = wait_until(
-            lambda: (lambda got: got if len(got) >= HALVES else None)(
-                read_topic(kafka, real, timeout_s=10.0)),
-            timeout_s=240, interval_s=2.0)
-        assert big.running, big.output()[-3000:]
+        _released_intact(kafka, real, bodies, big)
     finally:
         big.terminate()
-    assert len(released) == HALVES  # once each
-    got = {headers_of(r)["UNIQ_KEY"]: hashlib.sha256(r.value).hexdigest() for r in released}
-    assert got == {txid: hashlib.sha256(body).hexdigest() for txid, body in bodies.items()}

@@ -25,8 +25,10 @@ class Code:
     NO_HALF_MESSAGE = "NO_HALF_MESSAGE"  # an end event whose half message never came
     REFUSED_BY_BROKER = "REFUSED_BY_BROKER"  # the broker refused a record the coordinator wrote
     MISSING_TOPIC = "MISSING_TOPIC"  # its topic does not exist, and the broker creates none
+    # the half message of a record to write is no longer in the half topic (retention)
+    HALF_MESSAGE_LOST = "HALF_MESSAGE_LOST"
     UNDECODABLE = "UNDECODABLE"  # txstream could not decode it (a bug): kept, not lost
 
     ALL = (UNREADABLE, MALFORMED_KEY, MALFORMED_HEADERS, UNKNOWN_EVENT, MISSING_HEADER,
            INVALID_HEADER, BODY_TOO_LARGE, OUTPUTS_TOO_LARGE, WRONG_GROUP, CONTRADICTS_OUTCOME,
-           NO_HALF_MESSAGE, REFUSED_BY_BROKER, MISSING_TOPIC, UNDECODABLE)
+           NO_HALF_MESSAGE, REFUSED_BY_BROKER, MISSING_TOPIC, HALF_MESSAGE_LOST, UNDECODABLE)

@@ -30,7 +30,7 @@ from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, Ou
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_end, encode_half, pack_headers, unpack_headers
 
-__all__ = ["Emit", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
+__all__ = ["Emit", "body_at", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
            "coordinator_tag", "record_id", "output_rows", "output_frame"]
 
 # Nullable integer columns need pandas' nullable dtypes to reach Arrow as integers.
@@ -45,6 +45,9 @@ class Emit(NamedTuple):
     lag_ms: int | None = None
     history: Mapping[str, int] | None = None  # a history row: the count of each event
     not_before_ms: int | None = None  # the sink holds it until then (a timer run ahead)
+    # (partition, offset) of the half topic record whose value is this record's value, which
+    # the sink reads back (record.value is then null): a half message from the state.
+    body_at: tuple[int, int] | None = None
 
 
 def dead_letter_of_record(kind: int, key: Any, value: Any, headers: Any, partition: int,
@@ -76,6 +79,14 @@ def _refused_event(effect: DeadLetter, topics: Topics, limit: int) -> Record:
     return encode_dead_letter(original, effect.reason, effect.code, origin, topics, limit)
 
 
+def body_at(message: Message) -> tuple[int, int] | None:
+    """Where the body of a half message the state holds without it lies in the half topic
+    (``state.bucket``: bodies stay in the topic); None when the message carries its body."""
+    if message.body is None and message.queue_id is not None and message.queue_offset is not None:
+        return message.queue_id, message.queue_offset
+    return None
+
+
 def records_for(
     effects: Iterable[Effect],
     now: int,
@@ -89,13 +100,15 @@ def records_for(
     for effect in effects:
         if isinstance(effect, Release):
             lag = now - effect.committed_at if effect.committed_at is not None else None
-            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before)
+            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before,
+                       body_at(effect.message))
         elif isinstance(effect, RequestCheck):
             record = encode_check(effect.message, effect.check_times, topics, effect.valid_until)
-            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before)
+            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before,
+                       body_at(effect.message))
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
-            yield Emit(Kind.DISCARD, record, None, None, not_before)
+            yield Emit(Kind.DISCARD, record, None, None, not_before, body_at(effect.message))
         elif isinstance(effect, DeadLetter):
             yield Emit(Kind.DEAD_LETTER, _refused_event(effect, topics, limit), None, None,
                        not_before)
@@ -142,6 +155,7 @@ def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
             emit.kind, record.topic, record.key, record.value, headers, emit.lag_ms,
             *(counts.get(event) for event in HISTORY_COUNTED),
             rid, batch_ms, emit.not_before_ms,
+            *(emit.body_at or (None, None)),
         ))
     return rows
 

@@ -94,14 +94,15 @@ ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with
 
 
 def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int, end: int,
-               stall_s: float) -> Iterator[Any]:
+               stall_s: float, stop_at_end: bool = False) -> Iterator[Any]:
     """The records of ``[start, end)`` of one partition in order (ConsumerRecord, or
     :class:`Unreadable` for one kafka-python cannot parse).
 
     ``consumer_for(patient)`` gives the consumer to read with; once the broker has made no
     progress for ``PATIENT_AFTER_S`` it is asked for a patient one (a broker on slow storage
     answers impatient fetches empty, again and again). Raises :class:`ReadFailed` after
-    ``stall_s`` without progress.
+    ``stall_s`` without progress. ``stop_at_end``: a range that reaches past the partition's
+    end (its high watermark) ends there, instead of waiting for records that may never come.
     """
     from kafka import TopicPartition
     from kafka.errors import CorruptRecordError
@@ -137,6 +138,8 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             if start <= rec.offset < end:
                 yield rec
         now_at = consumer.position(tp)
+        if stop_at_end and (hw := consumer.highwater(tp)) is not None and now_at >= hw:
+            return
         if now_at != position:
             position, progress_at = now_at, time.monotonic()
         elif not patient and time.monotonic() - progress_at > PATIENT_AFTER_S:
