@@ -60,6 +60,20 @@ def test_no_output_of_a_half_message_is_bigger_than_announced(m: Message, checks
         assert _kafka_size(record._replace(headers=tuple(with_id))) <= limit
 
 
+# The widest record id the bound allows for: tag, key, epoch, number (records.record_id).
+_WIDEST_ID = (H.RECORD_ID, b"f" * 8 + b"." + b"9" * 20 + b"." + b"9" * 13 + b"." + b"9" * 19)
+
+
+@SOME
+@given(messages())
+def test_the_output_bound_is_the_widest_discard_or_the_release_exactly(m: Message) -> None:
+    # Counted without building the records: it must still be what they would measure.
+    discard = encode_discard(m, "x" * MAX_REASON_CHARS, 9_999_999_999, TOPICS)
+    release = encode_visible(m)
+    assert largest_output_bytes(m) == max(
+        record_bytes(r.key, r.value, (*r.headers, _WIDEST_ID)) for r in (discard, release))
+
+
 def _half_row(body: bytes) -> tuple[bytes, bytes, bytes]:
     m = Message("orders", body, transaction_id="tx-9", msg_id="tx-9", producer_group="G",
                 born_timestamp=1_700_000_000_000)
