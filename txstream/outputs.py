@@ -266,6 +266,8 @@ def encode_dead_letter(original: Record, reason: str, code: str, origin: tuple[i
 # --- history ---------------------------------------------------------------------------------
 
 Note = tuple[str, int, str, Mapping[str, object]]  # transaction id, at ms, event, detail
+# json.dumps with separators builds an encoder per call; one serves every line (same bytes).
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
@@ -276,13 +278,19 @@ def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
     three records the coordinator wrote. ``key`` keeps a key's lines in one partition, in order.
     """
     budget = limit - _OVERHEAD - _RECORD_ID_BYTES - len(key or b"")
+    docs = [{"transaction_id": txid, "at": at, "event": event, **detail}
+            for txid, at, event, detail in notes]
+    # Nearly always one record: the list encoded at once is the same bytes as its lines
+    # joined, and fits exactly when the line by line packing below would not split it.
+    whole = _JSON.encode(docs).encode()
+    if len(docs) == 1 or (docs and len(whole) < budget):
+        yield Record(topics.history, key, whole, ()), list(notes)
+        return
     lines: list[bytes] = []
     held: list[Note] = []
     size = 2
-    for note in notes:
-        txid, at, event, detail = note
-        line = json.dumps({"transaction_id": txid, "at": at, "event": event, **detail},
-                          separators=(",", ":")).encode()
+    for note, doc in zip(notes, docs, strict=True):
+        line = _JSON.encode(doc).encode()
         if lines and size + len(line) + 1 > budget:
             yield Record(topics.history, key, b"[" + b",".join(lines) + b"]", ()), held
             lines, held, size = [], [], 2
