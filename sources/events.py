@@ -7,7 +7,6 @@ and keeps running.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from txstream.errors import MalformedRecord
@@ -71,8 +70,7 @@ def parse_event(
         text = packed_header_dict(headers)
         if kind == EventKind.HALF:
             return _half(key, value, text, partition, offset, max_body, max_record, timestamp)
-        end = end_from_text(key, value, text)
-        return dataclasses.replace(end, raw=RawRecord(partition, offset, key, value, headers))
+        return end_from_text(key, value, text, RawRecord(partition, offset, key, value, headers))
     except MalformedRecord as exc:
         return Malformed(exc.reason, exc.code)
     except Exception as exc:

@@ -18,6 +18,7 @@ from txstream.outputs import (
     encode_check,
     encode_dead_letter,
     encode_discard,
+    encode_history,
     encode_visible,
     largest_output_bytes,
     record_bytes,
@@ -58,6 +59,20 @@ def test_no_output_of_a_half_message_is_bigger_than_announced(m: Message, checks
         with_id = [*record.headers, (H.RECORD_ID, b"ffffffff.-4611686018427387904."
                                      b"1700000000000.9223372036854775807")]
         assert _kafka_size(record._replace(headers=tuple(with_id))) <= limit
+
+
+# The widest record id the bound allows for: tag, key, epoch, number (records.record_id).
+_WIDEST_ID = (H.RECORD_ID, b"f" * 8 + b"." + b"9" * 20 + b"." + b"9" * 13 + b"." + b"9" * 19)
+
+
+@SOME
+@given(messages())
+def test_the_output_bound_is_the_widest_discard_or_the_release_exactly(m: Message) -> None:
+    # Counted without building the records: it must still be what they would measure.
+    discard = encode_discard(m, "x" * MAX_REASON_CHARS, 9_999_999_999, TOPICS)
+    release = encode_visible(m)
+    assert largest_output_bytes(m) == max(
+        record_bytes(r.key, r.value, (*r.headers, _WIDEST_ID)) for r in (discard, release))
 
 
 def _half_row(body: bytes) -> tuple[bytes, bytes, bytes]:
@@ -136,3 +151,33 @@ def test_a_batch_of_history_too_big_for_one_record_is_split_and_counted() -> Non
     assert seen == [n.transaction_id for n in notes]
     for e in emits:
         assert record_bytes(e.record.key, e.record.value, e.record.headers) < 4_000
+
+
+def test_history_records_are_the_lines_packed_one_by_one_at_every_limit() -> None:
+    # A batch's history is encoded at once when it fits: at every limit around where it stops
+    # fitting, the records must be those of packing its lines one by one.
+    notes = [(f"tx-{i}", 1_700_000_000_000 + i, "released",
+              {"decision": "é\u2028\"", "n": i, "late": i / 3, "none": None})
+             for i in range(4)]
+    lines = [json.dumps({"transaction_id": t, "at": at, "event": e, **d},
+                        separators=(",", ":")).encode() for t, at, e, d in notes]
+    whole = len(b",".join(lines)) + 2
+    for limit in range(whole - 200, whole + 300):
+        packed: list[list[bytes]] = [[]]
+        for line in lines:
+            records = [*(packed[:-1]), [*packed[-1], line]]
+            if packed[-1] and len(b",".join(records[-1])) + 2 >= _budget(limit):
+                records = [*packed, [line]]
+            packed = records
+        got = [(r.value, [n[0] for n in held])
+               for r, held in encode_history(notes, b"7", TOPICS, limit)]
+        assert got == [(b"[" + b",".join(part) + b"]",
+                        [json.loads(line)["transaction_id"] for line in part])
+                       for part in packed]
+
+
+def _budget(limit: int) -> int:
+    """What a history record's value may take under ``limit``: the limit less the
+    overhead of a one-record batch, its widest id header and its key (record_bytes)."""
+    widest_id = (H.RECORD_ID, b"f" * 8 + b"." + b"9" * 20 + b"." + b"9" * 13 + b"." + b"9" * 19)
+    return limit - record_bytes(b"7", b"", (widest_id,))

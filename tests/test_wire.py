@@ -33,6 +33,7 @@ from txstream.wire import (
     encode_half,
     header_dict,
     pack_headers,
+    packed_header_dict,
     unpack_headers,
 )
 
@@ -308,6 +309,8 @@ def test_half_missing_required_header(name: str, value: bytes | None) -> None:
     (H.BORN_TIMESTAMP, b"-5"),
     (H.BORN_TIMESTAMP, b"1e3"),
     (H.BORN_TIMESTAMP, "١٢٣".encode()),  # Arabic-Indic digits: int() takes them, Java does not
+    (H.BORN_TIMESTAMP, "12²".encode()),  # a digit to str.isdigit, not to Java
+    *((H.BORN_TIMESTAMP, text) for text in (b"+1", b" 10", b"1_0", b"10\n")),  # int() takes
     (H.BORN_TIMESTAMP, str(2**63).encode()),  # does not fit a Kafka/Spark long
     (H.BORN_TIMESTAMP, b"9" * 5000),  # past Python's int-parsing limit
     (H.CHECK_IMMUNITY, b"-2"),  # -1 is RocketMQ's "not set"; nothing below it means anything
@@ -449,3 +452,19 @@ def test_unpacking_any_bytes_gives_headers_or_malformed_record(blob: bytes) -> N
         unpack_headers(blob)
     except MalformedRecord:
         pass
+
+
+def _outcome(decode: Any) -> object:
+    try:
+        return decode()
+    except MalformedRecord as e:
+        return ("malformed", e.reason, e.code)
+
+
+@FAST
+@given(st.binary(max_size=64) | st.lists(
+    st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=6).map(pack_headers))
+def test_packed_header_dict_is_header_dict_of_the_unpacked_headers(blob: bytes) -> None:
+    # The fused decoder must read and refuse exactly what the two steps did.
+    assert _outcome(lambda: packed_header_dict(blob)) == \
+        _outcome(lambda: header_dict(unpack_headers(blob)))

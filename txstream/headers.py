@@ -98,5 +98,34 @@ def unpack_headers(blob: bytes | None) -> list[tuple[str, bytes]]:
 
 
 def packed_header_dict(blob: bytes | None) -> dict[str, str]:
-    """:func:`header_dict` of packed headers."""
-    return {} if blob is None else header_dict(_walk_packed(_packed(blob)))
+    """:func:`header_dict` of packed headers (the same result, the same errors).
+
+    One loop, not :func:`header_dict` over :func:`_walk_packed`: every record the coordinator
+    reads goes through here, and the generator and the per-pair checks of values that are
+    bytes by construction were a third of its cost.
+    """
+    if blob is None:
+        return {}
+    blob = _packed(blob)
+    out: dict[str, str] = {}
+    unpack_from, size = _PACKED.unpack_from, _PACKED.size
+    at, end = 0, len(blob)
+    while at < end:
+        if end - at < size:
+            raise MalformedRecord("packed headers end inside a header's lengths")
+        name_len, value_len = unpack_from(blob, at)
+        at += size
+        name_end = at + name_len
+        value_end = name_end + value_len
+        if value_end > end:
+            raise MalformedRecord("packed headers end inside a header")
+        try:
+            name = blob[at:name_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord("a packed header's name is not UTF-8") from None
+        try:
+            out[name] = blob[name_end:value_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRecord(f"header {name!r} is not UTF-8 text") from None
+        at = value_end
+    return out

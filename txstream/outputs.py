@@ -20,6 +20,7 @@ from txstream.refusals import Code
 from txstream.topics import Topics
 from txstream.wire import (
     INT_LIMIT,
+    RESERVED_HEADERS,
     H,
     Headers,
     Record,
@@ -170,17 +171,61 @@ def encode_discard(msg: Message, reason: str, check_times: int, topics: Topics) 
     return Record(topics.discard, utf8(msg.transaction_id or ""), msg.body, tuple(headers))
 
 
+def _text_bytes(text: str) -> int:
+    """``len(utf8(text))`` without encoding ASCII text (the flag is known, len is O(1))."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _header_bytes(name: str, text: str) -> int:
+    """What a header of ``name`` and text value ``text`` adds to :func:`record_bytes`."""
+    return _text_bytes(name) + _text_bytes(text) + 10
+
+
+# The headers of the widest discard whose values do not depend on the message: its check count
+# (10 digits, an int's) and its reason (the longest, ASCII as the core's reasons are).
+_DISCARD_EXTRA = len(H.CHECK_TIMES) + 10 + 10 + len(H.DISCARD_REASON) + MAX_REASON_CHARS + 10
+_TRAN_MSG_BYTES = len(H.TRAN_MSG) + len(b"true") + 10
+
+
+def _message_header_bytes(msg: Message) -> int:
+    """What :func:`txstream.wire.message_headers` adds to :func:`record_bytes`, counted
+    without building the headers."""
+    size = 0
+    if msg.tags is not None:
+        size += _header_bytes(H.TAGS, msg.tags)
+    if msg.keys is not None:
+        size += _header_bytes(H.KEYS, msg.keys)
+    if msg.msg_id is not None:
+        size += _header_bytes(H.UNIQ_KEY, msg.msg_id)
+    if msg.producer_group is not None:
+        size += _header_bytes(H.PGROUP, msg.producer_group)
+    if msg.born_timestamp is not None:
+        size += len(H.BORN_TIMESTAMP) + len(str(msg.born_timestamp)) + 10
+    for name, text in msg.properties.items():
+        if name not in RESERVED_HEADERS:
+            size += _header_bytes(name, text)
+    return size
+
+
 def largest_output_bytes(msg: Message) -> int:
     """The size of the largest record the coordinator may write for half message ``msg``: its
-    release, a check request or its discard (the widest reason, check count and record id)."""
-    widest = "x" * MAX_REASON_CHARS
-    discard = [*half_headers(msg), (H.CHECK_TIMES, b"9" * 10),
-               (H.DISCARD_REASON, widest.encode())]
-    release = encode_visible(msg)
-    sizes = (record_bytes(msg.transaction_id.encode() if msg.transaction_id else None, msg.body,
-                          discard),
-             record_bytes(release.key, release.value, release.headers))
-    return max(sizes) + _RECORD_ID_BYTES
+    release, a check request or its discard (the widest reason, check count and record id).
+
+    Counted as :func:`record_bytes` counts :func:`encode_visible` and :func:`encode_discard`
+    (a check request is a discard's headers with a shorter last one), without building them:
+    every half message pays this as it is read.
+    """
+    common = _OVERHEAD + len(msg.body or b"") + _message_header_bytes(msg)
+    txid = _text_bytes(msg.transaction_id or "")
+    # The discard: the half message's headers, keyed by the transaction id.
+    discard = (common + txid + _TRAN_MSG_BYTES + _header_bytes(H.REAL_TOPIC, msg.topic)
+               + _DISCARD_EXTRA)
+    if msg.check_immunity_time_s is not None:
+        discard += len(H.CHECK_IMMUNITY) + len(str(msg.check_immunity_time_s)) + 10
+    # The release: keyed by the message key, and the transaction id as a header.
+    release = (common + (_text_bytes(msg.keys) if msg.keys else 0) + _TRAN_MSG_BYTES
+               + len(H.TRANSACTION_ID) + txid + 10)
+    return max(discard, release) + _RECORD_ID_BYTES
 
 
 # --- dead letters ----------------------------------------------------------------------------
@@ -221,6 +266,8 @@ def encode_dead_letter(original: Record, reason: str, code: str, origin: tuple[i
 # --- history ---------------------------------------------------------------------------------
 
 Note = tuple[str, int, str, Mapping[str, object]]  # transaction id, at ms, event, detail
+# json.dumps with separators builds an encoder per call; one serves every line (same bytes).
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
@@ -231,13 +278,19 @@ def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
     three records the coordinator wrote. ``key`` keeps a key's lines in one partition, in order.
     """
     budget = limit - _OVERHEAD - _RECORD_ID_BYTES - len(key or b"")
+    docs = [{"transaction_id": txid, "at": at, "event": event, **detail}
+            for txid, at, event, detail in notes]
+    # Nearly always one record: the list encoded at once is the same bytes as its lines
+    # joined, and fits exactly when the line by line packing below would not split it.
+    whole = _JSON.encode(docs).encode()
+    if len(docs) == 1 or (docs and len(whole) < budget):
+        yield Record(topics.history, key, whole, ()), list(notes)
+        return
     lines: list[bytes] = []
     held: list[Note] = []
     size = 2
-    for note in notes:
-        txid, at, event, detail = note
-        line = json.dumps({"transaction_id": txid, "at": at, "event": event, **detail},
-                          separators=(",", ":")).encode()
+    for note, doc in zip(notes, docs, strict=True):
+        line = _JSON.encode(doc).encode()
         if lines and size + len(line) + 1 > budget:
             yield Record(topics.history, key, b"[" + b",".join(lines) + b"]", ()), held
             lines, held, size = [], [], 2

@@ -8,7 +8,6 @@ writes (check requests, released messages, discards, dead letters, history) is
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -27,6 +26,7 @@ from txstream.message import (
     Decision,
     EndEvent,
     Message,
+    RawRecord,
 )
 from txstream.refusals import Code
 from txstream.topics import Topics, validate_group, validate_topic
@@ -96,7 +96,6 @@ END_HEADERS = frozenset({H.COMMIT_OR_ROLLBACK, H.FROM_CHECK, H.REMARK, H.OPERATO
 # that sets one anyway: the coordinator reads it as what it means, and does not pass it on.
 RESERVED_HEADERS = frozenset(v for k, v in vars(H).items() if k.isupper()) - END_HEADERS
 
-_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take "١٢", " 1_0 ", "+1"
 _LONG = 2**63 - 1  # Kafka/Spark bigint
 INT_LIMIT = 2**31 - 1  # Spark int: check_times and immunity_s columns
 _BYTES = (bytes, bytearray, memoryview)
@@ -128,11 +127,13 @@ def int_header(
         return None
     if minus_one and text == "-1":
         return -1
-    if not _DIGITS.fullmatch(text) or int(text) > limit:
+    # [0-9]{1,19} without a regular expression: the only ASCII characters isdigit takes.
+    value = int(text) if len(text) <= 19 and text.isascii() and text.isdigit() else None
+    if value is None or value > limit:
         raise MalformedRecord(
             f"header {name} is not an integer in 0..{limit}: {text[:40]!r}", Code.INVALID_HEADER
         )
-    return int(text)
+    return value
 
 
 def body_bytes(value: object) -> bytes | None:
@@ -181,6 +182,13 @@ def message_headers(msg: Message) -> list[tuple[str, bytes]]:
 def message_from(
     key: bytes | None, value: bytes | None, h: Mapping[str, str], topic: str
 ) -> Message:
+    return _message_from(key, value, h, topic, int_header(h, H.BORN_TIMESTAMP))
+
+
+def _message_from(key: bytes | None, value: bytes | None, h: Mapping[str, str], topic: str,
+                  born: int | None) -> Message:
+    """:func:`message_from` with its born timestamp read already (a half message's is checked
+    before anything else: not read twice)."""
     txid = transaction_id_of(key, h)
     return Message(
         topic=topic,
@@ -191,7 +199,7 @@ def message_from(
         transaction_id=txid,
         msg_id=h.get(H.UNIQ_KEY) or txid,
         producer_group=h.get(H.PGROUP),
-        born_timestamp=int_header(h, H.BORN_TIMESTAMP),
+        born_timestamp=born,
         check_immunity_time_s=int_header(h, H.CHECK_IMMUNITY, limit=INT_LIMIT, minus_one=True),
     )
 
@@ -246,12 +254,12 @@ def half_from_text(
         validate_group(group)
     except ConfigError as e:
         raise MalformedRecord(f"header {H.PGROUP}: {e}", Code.INVALID_HEADER) from None
-    int_header(h, H.BORN_TIMESTAMP, required=True)
+    born = int_header(h, H.BORN_TIMESTAMP, required=True)
     body = body_bytes(value)
     if body is not None and len(body) > max_body:
         raise MalformedRecord(f"body of {len(body)} bytes exceeds the limit of {max_body}",
                               Code.BODY_TOO_LARGE)
-    return message_from(key, body, h, topic)
+    return _message_from(key, body, h, topic, born)
 
 
 # --- end events (commit / rollback / unknown, and check answers) -----------------------------
@@ -281,17 +289,23 @@ def decode_end(
     return end_from_text(key, value, header_dict(headers))
 
 
-def end_from_text(key: bytes | None, value: bytes | None, h: Mapping[str, str]) -> EndEvent:
-    """An end event from its key, value and headers already decoded to text."""
+# Decision(text) goes through Enum's lookup machinery; every end event asks.
+_DECISIONS = {decision.value: decision for decision in Decision}
+
+
+def end_from_text(key: bytes | None, value: bytes | None, h: Mapping[str, str],
+                  raw: RawRecord | None = None) -> EndEvent:
+    """An end event from its key, value and headers already decoded to text; ``raw``: the
+    record it was read from (made here, not copied in afterwards: a frozen dataclass's copy
+    costs as much as decoding it)."""
     txid = transaction_id_of(key, h)
-    raw = h.get(H.COMMIT_OR_ROLLBACK)
-    if raw is None:
+    text = h.get(H.COMMIT_OR_ROLLBACK)
+    if text is None:
         raise MalformedRecord(f"unknown event type: missing header {H.COMMIT_OR_ROLLBACK}",
                               Code.UNKNOWN_EVENT)
-    try:
-        decision = Decision(raw)
-    except ValueError:
-        raise MalformedRecord(f"unknown event type {raw[:40]!r}", Code.UNKNOWN_EVENT) from None
+    decision = _DECISIONS.get(text)
+    if decision is None:
+        raise MalformedRecord(f"unknown event type {text[:40]!r}", Code.UNKNOWN_EVENT)
     group = h.get(H.PGROUP)
     if not group:
         raise MalformedRecord(f"missing header {H.PGROUP}", Code.MISSING_HEADER)
@@ -308,4 +322,5 @@ def end_from_text(key: bytes | None, value: bytes | None, h: Mapping[str, str]) 
         operator=h.get(H.OPERATOR) or None,
         remark=remark,
         born_timestamp=int_header(h, H.BORN_TIMESTAMP),
+        raw=raw,
     )

@@ -69,6 +69,10 @@ OUTCOME = {Decision.COMMIT_MESSAGE: "commit", Decision.ROLLBACK_MESSAGE: "rollba
            Decision.UNKNOW: "unknown"}
 
 _Labels = tuple[str, ...]
+# The history events :meth:`KeyTally._note` counts.
+_COUNTED_NOTES = frozenset({"half", "rolled_back"})
+# json.dumps with separators builds an encoder per call; every key's call makes a summary.
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class KeyTally:
@@ -82,7 +86,7 @@ class KeyTally:
         self.timings: dict[str, list[int]] = {}
 
     def count(self, name: str, *labels: str | None) -> None:
-        key = (name, tuple(label or "" for label in labels))
+        key = (name, tuple([label or "" for label in labels]))  # a list: no generator frame
         self.counts[key] = self.counts.get(key, 0) + 1
 
     def time(self, name: str, ms: int) -> None:
@@ -100,7 +104,11 @@ class KeyTally:
     def effects(self, effects: Iterable[Effect], half: Message | None = None) -> None:
         """The core's effects (of an event, or of timers: ``half`` None)."""
         for effect in effects:
-            if isinstance(effect, Release):
+            # A note first: nearly every event has one, and only two kinds are counted.
+            if isinstance(effect, Note):
+                if effect.event in _COUNTED_NOTES:
+                    self._note(effect, half)
+            elif isinstance(effect, Release):
                 self.count(Counted.COMMITS, effect.message.producer_group, effect.message.topic)
                 if effect.committed_at is not None:
                     self.time(Timed.COMMIT_TO_VISIBLE, self.now - effect.committed_at)
@@ -113,8 +121,6 @@ class KeyTally:
                            effect.cause)
             elif isinstance(effect, DeadLetter):
                 self.count(Counted.DEAD_LETTERS, effect.code)
-            elif isinstance(effect, Note):
-                self._note(effect, half)
 
     def _note(self, note: Note, half: Message | None) -> None:
         if note.event == "half":
@@ -136,7 +142,7 @@ class KeyTally:
             doc["p"] = [[status, group, n] for (status, group), n in open_counts.items()]
         if oldest is not None:
             doc["o"] = oldest
-        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+        return _JSON.encode(doc).encode("utf-8")
 
 
 def _text(value: object) -> str | None:

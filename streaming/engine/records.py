@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from sources.events import Malformed
@@ -33,8 +34,9 @@ from txstream.wire import H, Record, encode_end, encode_half, pack_headers, unpa
 __all__ = ["Emit", "body_at", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
            "coordinator_tag", "record_id", "output_rows", "output_frame"]
 
-# Nullable integer columns need pandas' nullable dtypes to reach Arrow as integers.
-_DTYPES = {"bigint": "Int64", "int": "Int32"}
+# Nullable integer columns need pandas' nullable dtypes (Int64, Int32) to reach Arrow as
+# integers: made here from numpy arrays and their masks.
+_INTS: dict[str, type[np.integer[Any]]] = {"bigint": np.int64, "int": np.int32}
 
 
 class Emit(NamedTuple):
@@ -160,11 +162,38 @@ def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
     return rows
 
 
+def _ints(values: tuple[int | None, ...], dtype: type[np.integer[Any]]) -> Any:
+    """A nullable integer column, as ``pd.array(values, dtype="Int64")`` makes it (a null's
+    slot holds 1, pandas' fill), without its per-value type inference."""
+    n, nulls = len(values), values.count(None)
+    if nulls == n:
+        return pd.arrays.IntegerArray(np.ones(n, dtype), np.ones(n, bool))
+    if nulls == 0:
+        return pd.arrays.IntegerArray(np.array(values, dtype), np.zeros(n, bool))
+    objects = np.array(values, dtype=object)
+    mask = objects == None  # noqa: E711 (numpy compares each element)
+    objects[mask] = 1
+    return pd.arrays.IntegerArray(objects.astype(dtype), mask)
+
+
+def _objects(values: tuple[Any, ...]) -> Any:
+    """An object column of ``values`` as they are (a list would be inferred again)."""
+    if not values:
+        return []  # as pandas makes an empty column from a list (float64), as it always did
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
 def output_frame(rows: Sequence[OutputRow]) -> pd.DataFrame:
-    """``rows`` as the pandas frame ``applyInPandasWithState`` hands to Spark."""
+    """``rows`` as the pandas frame ``applyInPandasWithState`` hands to Spark.
+
+    Every call builds one, a key with only its timer row too: the columns are made as arrays
+    pandas takes as they are (no inference, no copy), not value by value.
+    """
     columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
     return pd.DataFrame(
-        {name: pd.array(values, dtype=_DTYPES[kind]) if kind in _DTYPES else list(values)
+        {name: _ints(values, _INTS[kind]) if kind in _INTS else _objects(values)
          for (name, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)},
-        columns=list(OutputRow._fields),
+        copy=False,  # the dict's order is the columns' (columns= would cost a reindex)
     )
