@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bench.batches import Batch, BatchLog
-from bench.procmem import spark_jvm_pid, tree_cpu_s, tree_rss_mb
+from bench.procmem import live_heap_mb, spark_jvm_pid, tree_cpu_s, tree_rss_mb
 from streaming.engine.config import RunConfig
 from streaming.engine.coordinator import Coordinator, session_for
 from txstream.errors import TxStreamError
@@ -81,6 +81,10 @@ class Harness:
     def rss_mb(self) -> float:
         pid = spark_jvm_pid()
         return tree_rss_mb(pid) if pid else 0.0
+
+    def live_heap_mb(self) -> float | None:
+        pid = spark_jvm_pid()
+        return live_heap_mb(pid) if pid else None
 
     def cpu_s(self) -> float:
         """CPU seconds used by the JVM and its Python workers so far."""

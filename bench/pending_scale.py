@@ -64,6 +64,9 @@ class PointResult:
     # The median of each part of Spark's durationMs over the busy batches (latestOffset is
     # the source's high-watermark fetch; addBatch the read, the operator and the sink).
     busy_batch_parts_ms_p50: dict[str, float | None] | None = None
+    # The JVM's heap after a full collection at the end (bench.procmem.live_heap_mb): what
+    # holding the pending transactions costs, where RSS keeps the loading's peak.
+    live_heap_mb: float | None = None
     error: str | None = None
 
 
@@ -126,6 +129,7 @@ def run_point(config: RunConfig, pending: int, rate: float, seconds: float,
             cpu_ms_per_busy_batch=cpu * 1000 / len(busy) if busy else None,
             steal_pct=steal_pct(machine_before, machine_after),
             busy_batch_parts_ms_p50=parts_p50(busy),
+            live_heap_mb=harness.live_heap_mb(),
         )
     finally:
         harness.stop()

