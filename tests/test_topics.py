@@ -298,6 +298,24 @@ def test_coordinator_creates_its_topics_when_the_broker_would(
     assert len(said) == 1
 
 
+@pytest.mark.kafka
+def test_coordinator_warns_of_a_half_topic_that_drops_records_too_soon(
+        kafka: KafkaSettings, topics: Topics, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sink reads held bodies back from the half topic until the reserved time (72 h).
+    monkeypatch.setattr(coordinator_module, "session_for", _no_spark)
+    with prov.admin_client(kafka) as admin:
+        prov.create_topics(admin, [prov.topic_spec("half", topics.half, retention_ms=3_600_000)])
+    said: list[str] = []
+    with pytest.raises(_NoSpark):
+        Coordinator(RunConfig(kafka=kafka, topics=topics), emit=said.append).start()
+    warnings = [line for line in said if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: the half topic {topics.half} keeps records 3600000 ms, less than the "
+        f"reserved time of 259200000 ms: a transaction that lives longer loses its body, and "
+        f"its release or discard goes to the dead-letter topic (HALF_MESSAGE_LOST); raise its "
+        f"retention.ms"]
+
+
 # --- a producer's check topic ----------------------------------------------------------------
 
 

@@ -3,13 +3,16 @@ together, and its failure said in one line."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
 from streaming.engine.config import RunConfig
 
-__all__ = ["Coordinator", "session_for"]
+__all__ = ["Coordinator", "session_for", "half_retention_warning"]
+
+log = logging.getLogger(__name__)
 
 # Spark's exit code for a JVM that ran out of heap (org.apache.spark.util.SparkExitCode.OOM).
 _JVM_OUT_OF_MEMORY = 52
@@ -29,6 +32,27 @@ def session_for(config: RunConfig, app_name: str = "txstream") -> Any:
         driver_memory=config.driver_memory,
         log_level=config.log_level,
     )
+
+
+def half_retention_warning(config: RunConfig) -> str | None:
+    """What to tell the user when the half topic may drop a half message before its
+    transaction can end: the sink reads bodies back from there until the reserved time
+    (docs/decisions/0021-bodies-read-back.md). None: long enough, or the broker does not say."""
+    from txstream.kafka.provision import admin_client, topic_states
+
+    half, reserved = config.topics.half, config.policy.reserved_time
+    try:
+        with admin_client(config.kafka) as admin:
+            state = topic_states(admin, [half], with_configs=True)[half]
+        retention = int(state.configs.get("retention.ms", "-1"))
+    except Exception:  # not allowed, not told: nothing to say
+        return None
+    if retention < 0 or retention >= reserved:
+        return None
+    return (f"the half topic {half} keeps records {retention} ms, less than the reserved time "
+            f"of {reserved} ms: a transaction that lives longer loses its body, and its release "
+            f"or discard goes to the dead-letter topic (HALF_MESSAGE_LOST); raise its "
+            f"retention.ms")
 
 
 class Coordinator:
@@ -56,6 +80,10 @@ class Coordinator:
         created = ensure_topics(self.config.kafka, specs, command)
         if created and self.emit:
             self.emit(f"created topics {', '.join(created)}")
+        if (warning := half_retention_warning(self.config)) is not None:
+            log.warning("%s", warning)
+            if self.emit:
+                self.emit(f"warning: {warning}")
         self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         if self.config.metrics_port is not None:
