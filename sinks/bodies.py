@@ -17,6 +17,8 @@ A broker that cannot be read fails the batch, which then runs again.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -42,6 +44,11 @@ __all__ = ["BodySource", "needs_body", "ranges", "with_bodies"]
 # them costs less than another fetch round trip.
 RANGE_GAP = 512
 _READ_TIMEOUT_S = 30.0
+
+log = logging.getLogger(__name__)
+
+# A read-back slower than this is logged: it delays the batch's records (docs/operations.md).
+SLOW_READ_S = 0.25
 
 Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 Position = tuple[int, int]  # (partition, offset) in the half topic
@@ -86,6 +93,7 @@ class BodySource:
         """The records at ``wanted`` ({partition: offsets}) that are still there, by position
         (a ConsumerRecord, or :class:`Unreadable`)."""
         found: dict[Position, Any] = {}
+        started = time.monotonic()
         try:
             for partition, offsets in sorted(wanted.items()):
                 for start, end in ranges(offsets):
@@ -101,6 +109,10 @@ class BodySource:
             if self._patient is not None:
                 self._patient.close()
                 self._patient = None
+        took = time.monotonic() - started
+        if took > SLOW_READ_S:
+            log.warning("reading %d half messages back from %s took %.0f ms",
+                        sum(map(len, wanted.values())), self.topic, took * 1000)
         return found
 
 
