@@ -59,7 +59,7 @@ def needs_body(row: OutputRow) -> bool:
 
 
 def ranges(offsets: Iterable[int], gap: int = RANGE_GAP) -> list[tuple[int, int]]:
-    """``[start, end)`` ranges covering ``offsets``, one per run of offsets at most ``gap``
+    """``[start, end)`` ranges covering ``offsets``, one per run of offsets less than ``gap``
     apart."""
     out: list[tuple[int, int]] = []
     for offset in sorted(set(offsets)):
