@@ -16,7 +16,7 @@ from state.effects import DeadLetter
 from streaming.engine.records import history_rows, records_for
 from txstream.message import Decision, EndEvent, Message, RawRecord
 from txstream.outputs import (
-    MAX_REASON_CHARS,
+    MAX_REASON_BYTES,
     decode_history,
     encode_check,
     encode_dead_letter,
@@ -56,12 +56,24 @@ def test_the_size_estimate_is_never_below_kafkas(m: Message, body: bytes) -> Non
 @given(messages(), st.integers(min_value=0, max_value=2**31 - 1))
 def test_no_output_of_a_half_message_is_bigger_than_announced(m: Message, checks: int) -> None:
     limit = largest_output_bytes(m)
-    widest_reason = "r" * (MAX_REASON_CHARS + 50)  # longer reasons are cut
+    reasons = ("r" * (MAX_REASON_BYTES + 50), "é" * MAX_REASON_BYTES, "r€" * 200)  # cut
     for record in (encode_visible(m), encode_check(m, checks, TOPICS),
-                   encode_discard(m, widest_reason, checks, TOPICS)):
+                   *(encode_discard(m, reason, checks, TOPICS) for reason in reasons)):
         with_id = [*record.headers, (H.RECORD_ID, b"ffffffff.-4611686018427387904."
                                      b"1700000000000.9223372036854775807")]
         assert _kafka_size(record._replace(headers=tuple(with_id))) <= limit
+
+
+@pytest.mark.parametrize("reason, kept", [
+    ("short", "short"),
+    ("x" * MAX_REASON_BYTES, "x" * MAX_REASON_BYTES),
+    ("x" * (MAX_REASON_BYTES + 1), "x" * (MAX_REASON_BYTES - 3) + "…"),
+    ("é" * MAX_REASON_BYTES, "é" * ((MAX_REASON_BYTES - 3) // 2) + "…"),  # no half character
+])
+def test_a_discard_reason_is_cut_to_its_bytes(reason: str, kept: str) -> None:
+    m = Message(topic="real", body=b"b", transaction_id="tx", producer_group="g")
+    got = header_dict(encode_discard(m, reason, 1, TOPICS).headers)[H.DISCARD_REASON]
+    assert got == kept and len(got.encode("utf-8")) <= MAX_REASON_BYTES
 
 
 # The widest record id the bound allows for: tag, key, epoch, number (records.record_id).
@@ -72,7 +84,7 @@ _WIDEST_ID = (H.RECORD_ID, b"f" * 8 + b"." + b"9" * 20 + b"." + b"9" * 13 + b"."
 @given(messages())
 def test_the_output_bound_is_the_widest_discard_or_the_release_exactly(m: Message) -> None:
     # Counted without building the records: it must still be what they would measure.
-    discard = encode_discard(m, "x" * MAX_REASON_CHARS, 9_999_999_999, TOPICS)
+    discard = encode_discard(m, "x" * MAX_REASON_BYTES, 9_999_999_999, TOPICS)
     release = encode_visible(m)
     assert largest_output_bytes(m) == max(
         record_bytes(r.key, r.value, (*r.headers, _WIDEST_ID)) for r in (discard, release))

@@ -35,7 +35,7 @@ from txstream.wire import (
 
 __all__ = [
     "KAFKA_MAX_MESSAGE_BYTES",
-    "MAX_REASON_CHARS",
+    "MAX_REASON_BYTES",
     "CheckRequest",
     "encode_check",
     "decode_check",
@@ -53,7 +53,8 @@ __all__ = [
 # Kafka's default message.max.bytes: the largest record batch a stock broker takes.
 KAFKA_MAX_MESSAGE_BYTES = 1_048_588
 # Reasons are short sentences; a longer one is cut (a dead letter keeps the record, not prose).
-MAX_REASON_CHARS = 300
+# In UTF-8 bytes, so that the output size bound counts any reason exactly.
+MAX_REASON_BYTES = 300
 # What a record batch of one record costs beyond its key, value and headers: the batch header
 # (61 bytes) and the record's own varints, at their widest.
 _OVERHEAD = 61 + 25
@@ -72,7 +73,12 @@ def record_bytes(key: bytes | None, value: bytes | None,
 
 
 def _cut(reason: str) -> str:
-    return reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS - 1] + "…"
+    raw = reason.encode("utf-8")
+    if len(raw) <= MAX_REASON_BYTES:
+        return reason
+    ellipsis = "…"
+    kept = raw[:MAX_REASON_BYTES - len(ellipsis.encode("utf-8"))]
+    return kept.decode("utf-8", errors="ignore") + ellipsis  # a character cut in two is dropped
 
 
 # --- check requests, released messages, discards --------------------------------------------
@@ -183,7 +189,7 @@ def _header_bytes(name: str, text: str) -> int:
 
 # The headers of the widest discard whose values do not depend on the message: its check count
 # (10 digits, an int's) and its reason (the longest, ASCII as the core's reasons are).
-_DISCARD_EXTRA = len(H.CHECK_TIMES) + 10 + 10 + len(H.DISCARD_REASON) + MAX_REASON_CHARS + 10
+_DISCARD_EXTRA = len(H.CHECK_TIMES) + 10 + 10 + len(H.DISCARD_REASON) + MAX_REASON_BYTES + 10
 _TRAN_MSG_BYTES = len(H.TRAN_MSG) + len(b"true") + 10
 
 
