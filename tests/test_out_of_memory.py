@@ -39,8 +39,7 @@ from process_helpers import CoordinatorProcess
 
 pytestmark = pytest.mark.spark
 
-# 270 MB born in one second, held at 512m (before bodies left the state, 120 of them killed a
-# 512m driver three times in three, and 300 a 2g one).
+# 270 MB born in one second, held at 512m: the state keeps where each body lies, not the body.
 HELD = 300
 # 360 MB read and released in one micro-batch: about what 512m can hold (half as many pass),
 # not too much for the default.
@@ -117,9 +116,9 @@ def test_a_batch_too_big_for_a_small_heap_is_named_and_a_bigger_one_resumes_losi
     small.start()
     try:
         # Whether this batch outgrows 512m depends on how its reads, shuffle and spills
-        # interleave: on an idle 2-core machine it died in 3 runs of 3, and held with another
-        # test run beside it. A driver that holds it must release it whole; one that does not
-        # must say so and leave nothing half-released.
+        # interleave: on an idle 2-core machine it does, on a busy one it may not. A driver
+        # that holds it must release it whole; one that does not must say so and leave
+        # nothing half-released.
         wait_until(lambda: "batch 0:" in small.output() or not small.running, timeout_s=240)
         if small.running:
             _released_intact(kafka, real, bodies, small)
