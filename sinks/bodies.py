@@ -10,16 +10,24 @@ Why: docs/decisions/0021-bodies-read-back.md.
 
 The record read back must be the half message of the row's transaction (its key is the
 transaction id). One that is gone (the half topic's retention ran out before the transaction
-ended) or is another record (the topic was recreated under a checkpoint) cannot be sent: the
-row becomes a dead letter that carries everything but the body and says where the body was.
-A broker that cannot be read fails the batch, which then runs again.
+ended; its partition no longer exists, the topic recreated with fewer) or is another record
+(the topic was recreated under a checkpoint) cannot be sent: the row becomes a dead letter that
+carries everything but the body and says where the body was. A broker that cannot be read
+fails the batch, which then runs again.
+
+Reads use the process's kept consumer, whose idea of a partition's end may be older than the
+read: kafka-python keeps the high watermark of a fetch it sent ahead and buffered. So a read
+that ends with wanted offsets missing is no verdict: they are read again with a brand-new
+consumer, whose fetches are all made for this read, in the partitions the broker says exist
+now (asked afresh). Only a body this second read does not find is gone. The common path keeps
+its one kept consumer; a read with bodies missing pays for two new connections.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from txstream.errors import SendFailed
@@ -28,7 +36,9 @@ from txstream.kafka import (
     KafkaSettings,
     Unreadable,
     cached_client,
+    close_quietly,
     drop_cached_client,
+    make_admin,
     make_consumer,
     read_range,
 )
@@ -44,6 +54,7 @@ __all__ = ["BodySource", "needs_body", "ranges", "with_bodies"]
 # them costs less than another fetch round trip.
 RANGE_GAP = 512
 _READ_TIMEOUT_S = 30.0
+_FETCH_WAIT_MS = 5  # the broker answers a fetch at the end of the log at once
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,7 @@ SLOW_READ_S = 0.25
 
 Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 Position = tuple[int, int]  # (partition, offset) in the half topic
+ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with (read_range)
 
 
 def needs_body(row: OutputRow) -> bool:
@@ -71,49 +83,114 @@ def ranges(offsets: Iterable[int], gap: int = RANGE_GAP) -> list[tuple[int, int]
 
 
 class BodySource:
-    """Reads half topic records by position, with this process's cached consumer (a consumer's
-    connection costs more than a batch's reads) and a patient one when the broker is slow."""
+    """Reads half topic records by position, with this process's kept consumer (a consumer's
+    connection costs more than a batch's reads), a patient one when the broker is slow, and a
+    brand-new one to confirm what the kept one did not find."""
 
     def __init__(self, settings: KafkaSettings, half_topic: str) -> None:
         self.settings = settings
         self.topic = half_topic
         self._key = ("bodies", repr(sorted(settings.as_dict().items())))
         self._patient: Any = None
+        self._absent: set[int] = set()  # partitions the last read found do not exist
 
-    def _consumer(self, patient: bool) -> Any:
-        if not patient:
-            return cached_client(self._key, lambda: make_consumer(
-                self.settings, role="sink", fetch_max_wait_ms=5))
+    def _new_consumer(self, fetch_max_wait_ms: int) -> Any:
+        # A reader must not create the topic it reads (a broker may on a metadata request).
+        return make_consumer(self.settings, role="sink", fetch_max_wait_ms=fetch_max_wait_ms,
+                             allow_auto_create_topics=False)
+
+    def _patient_consumer(self) -> Any:
         if self._patient is None:
-            self._patient = make_consumer(self.settings, role="sink",
-                                          fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS)
+            self._patient = self._new_consumer(PATIENT_FETCH_WAIT_MS)
         return self._patient
+
+    def _close_patient(self) -> None:
+        if self._patient is not None:
+            close_quietly(self._patient)
+            self._patient = None
+
+    def _kept(self, patient: bool) -> Any:
+        if patient:
+            return self._patient_consumer()
+        return cached_client(self._key, lambda: self._new_consumer(_FETCH_WAIT_MS))
 
     def read(self, wanted: dict[int, set[int]]) -> dict[Position, Any]:
         """The records at ``wanted`` ({partition: offsets}) that are still there, by position
-        (a ConsumerRecord, or :class:`Unreadable`)."""
+        (a ConsumerRecord, or :class:`Unreadable`). :meth:`why_missing` says why one is not."""
         found: dict[Position, Any] = {}
+        self._absent = set()
         started = time.monotonic()
         try:
-            for partition, offsets in sorted(wanted.items()):
-                for start, end in ranges(offsets):
-                    for rec in read_range(self._consumer, self.topic, partition, start, end,
-                                          _READ_TIMEOUT_S, stop_at_end=True):
-                        if rec.offset in offsets:
-                            found[(partition, rec.offset)] = rec
+            missing = self._read_into(found, wanted, self._kept)
+            if missing:
+                self._confirm(found, missing)
         except Exception as exc:
             drop_cached_client(self._key)
             raise SendFailed(f"cannot read half messages back from {self.topic}: "
                              f"{type(exc).__name__}: {exc}") from exc
         finally:
-            if self._patient is not None:
-                self._patient.close()
-                self._patient = None
+            self._close_patient()
         took = time.monotonic() - started
         if took > SLOW_READ_S:
             log.warning("reading %d half messages back from %s took %.0f ms",
                         sum(map(len, wanted.values())), self.topic, took * 1000)
         return found
+
+    def why_missing(self, partition: int) -> str:
+        """Why a body the last :meth:`read` wanted in ``partition`` is not among what it
+        returned, as the end of a sentence about that body."""
+        if partition in self._absent:
+            return (f"is gone: partition {partition} no longer exists (the half topic was "
+                    f"deleted, or recreated with fewer partitions)")
+        return "is no longer in the topic (its retention is shorter than transactions live)"
+
+    def _read_into(self, found: dict[Position, Any], wanted: dict[int, set[int]],
+                   consumer_for: ConsumerFor) -> dict[int, set[int]]:
+        """Reads ``wanted`` into ``found``; returns the offsets it did not find."""
+        missing: dict[int, set[int]] = {}
+        for partition, offsets in sorted(wanted.items()):
+            for start, end in ranges(offsets):
+                for rec in read_range(consumer_for, self.topic, partition, start, end,
+                                      _READ_TIMEOUT_S, stop_at_end=True):
+                    if rec.offset in offsets:
+                        found[(partition, rec.offset)] = rec
+            if left := {o for o in offsets if (partition, o) not in found}:
+                missing[partition] = left
+        return missing
+
+    def _confirm(self, found: dict[Position, Any], missing: dict[int, set[int]]) -> None:
+        """Reads ``missing`` again with a brand-new consumer (nothing it knows comes from
+        before this read), in the partitions that exist."""
+        self._close_patient()
+        exists = self._partitions()
+        self._absent = {p for p in missing if p not in exists}
+        still = {p: offsets for p, offsets in missing.items() if p in exists}
+        if not still:
+            return
+        fresh = self._new_consumer(_FETCH_WAIT_MS)
+        try:
+            self._read_into(found, still,
+                            lambda patient: self._patient_consumer() if patient else fresh)
+        finally:
+            close_quietly(fresh)
+
+    def _partitions(self) -> set[int]:
+        """The half topic's partitions as the broker says now (none: the topic does not
+        exist). Any other answer (not authorized, no leader yet) raises: the batch runs
+        again."""
+        from kafka.errors import NoError, UnknownTopicOrPartitionError, for_code
+
+        admin = make_admin(self.settings, role="sink")
+        try:
+            [topic] = admin.describe_topics([self.topic])
+        finally:
+            close_quietly(admin)
+        error = for_code(topic["error_code"])
+        if error is UnknownTopicOrPartitionError:
+            return set()
+        if error is not NoError:
+            raise error(f"metadata of {self.topic}")
+        return {p["partition_index"] for p in topic["partitions"]}
 
 
 def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
@@ -164,7 +241,7 @@ def with_bodies(source: BodySource | None, rows: list[Prepared], dead_letter_top
             continue
         rec = found.get((row.body_partition, row.body_offset))  # type: ignore[arg-type]
         if rec is None:
-            why = "is no longer in the topic (its retention is shorter than transactions live)"
+            why = source.why_missing(row.body_partition)  # type: ignore[arg-type]
         elif isinstance(rec, Unreadable):
             why = f"cannot be read: {rec.error}"
         elif rec.key != _transaction_id(row, headers):

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sinks.bodies import ranges
+from sinks.bodies import BodySource, ranges, with_bodies
 from sinks.kafka_sink import SinkOptions, send_rows
-from txstream.kafka import KafkaSettings, make_admin
+from txstream.kafka import KafkaSettings, close_quietly, make_admin, make_consumer, make_producer
 from txstream.refusals import Code
 from txstream.schema import Kind
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
-from kafka_helpers import half_record, headers_of, output_row, produce, read_topic
+from kafka_helpers import (
+    half_record,
+    headers_of,
+    output_row,
+    produce,
+    read_topic,
+    wait_until,
+)
 
 
 @pytest.mark.parametrize(("offsets", "want"), [
@@ -97,3 +106,199 @@ def test_rows_that_need_bodies_need_the_half_topic(kafka: KafkaSettings, unique:
     row = output_row(Kind.CHECK, topics.check("G"), b"t", None, None, body_at=(0, 0))
     with pytest.raises(SendFailed, match="half_topic"):
         send_rows(SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter), [row])
+
+
+# --- a kept consumer's stale end, and a half topic recreated with fewer partitions -----------
+
+
+class _Consumer:
+    """A real consumer whose next poll after a seek, once ``hold`` is set, comes back empty
+    without asking the broker: its fetch has not come back yet (the race, made certain)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.hold = False
+        self._sought = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.real.seek(tp, offset)
+        self._sought = True
+
+    def poll(self, **kwargs: Any) -> Any:
+        if self.hold and self._sought:
+            self.hold = self._sought = False
+            return {}
+        self._sought = False
+        return self.real.poll(**kwargs)
+
+
+@pytest.fixture
+def consumers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_Consumer]]:
+    """Every consumer the body source makes, in order (the first is the kept one)."""
+    import sinks.bodies
+
+    made: list[_Consumer] = []
+
+    def make(settings: KafkaSettings, **kwargs: Any) -> _Consumer:
+        made.append(_Consumer(make_consumer(settings, **kwargs)))
+        return made[-1]
+
+    monkeypatch.setattr(sinks.bodies, "make_consumer", make)
+    yield made
+    for consumer in made:
+        close_quietly(consumer.real)
+
+
+def _own(kafka: KafkaSettings, unique: str) -> KafkaSettings:
+    """Settings of the test's own: a body source with them keeps a consumer of its own."""
+    return KafkaSettings(bootstrap_servers=kafka.bootstrap_servers,
+                         properties={"client.id": unique})
+
+
+def _create(kafka: KafkaSettings, topic: str, partitions: int) -> None:
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = make_admin(kafka)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.create_topics([NewTopic(topic, partitions, -1)])
+                return
+            except TopicAlreadyExistsError:  # a deletion the broker has not finished
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        admin.close()
+
+
+def _write(kafka: KafkaSettings, topics: Topics, partition: int, txids: list[str]) -> None:
+    """Half messages of ``txids``, in order, to one partition of the half topic."""
+    producer = make_producer(kafka)
+    try:
+        for txid in txids:
+            rec = half_record(topics, txid, "G", "orders", body=f"body of {txid}".encode())
+            producer.send(rec.topic, key=rec.key, value=rec.value, headers=list(rec.headers),
+                          partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+Prepared = tuple[Any, list[tuple[str, bytes]]]  # a row and its headers, as the sink has them
+
+
+def _release(txid: str, at: tuple[int, int]) -> Prepared:
+    headers = [(H.TRAN_MSG, b"true"), (H.TRANSACTION_ID, txid.encode())]
+    return output_row(Kind.VISIBLE, "orders", b"K", None, pack_headers(headers), body_at=at), \
+        headers
+
+
+def _sent(source: BodySource, topics: Topics, releases: list[Prepared]) -> list[Any]:
+    """What the sink would send for ``releases``: (kind, value, reason) per row."""
+    out = with_bodies(source, releases, topics.dead_letter, 1 << 20)
+    return [(row.kind, row.value, dict(headers).get(H.DLQ_REASON, b"").decode())
+            for row, headers in out]
+
+
+def test_a_kept_consumer_whose_fetch_has_not_come_back_reads_the_body_it_had_no_end_for(
+        kafka: KafkaSettings, unique: str, consumers: list[_Consumer]) -> None:
+    """The kept consumer read the partition when its end was 150; the body is at 200 and the
+    first poll after the seek comes back empty: the end it knew is no answer."""
+    topics = Topics.with_prefix(f"{unique}_")
+    _create(kafka, topics.half, 1)
+    _write(kafka, topics, 0, [f"tx-{i}" for i in range(150)])
+    settings = _own(kafka, unique)
+    assert _sent(BodySource(settings, topics.half), topics, [_release("tx-149", (0, 149))]) \
+        == [(Kind.VISIBLE, b"body of tx-149", "")]
+    _write(kafka, topics, 0, [f"tx-{i}" for i in range(150, 201)])
+
+    kept = consumers[0]
+    kept.hold = True
+    assert _sent(BodySource(settings, topics.half), topics, [_release("tx-200", (0, 200))]) \
+        == [(Kind.VISIBLE, b"body of tx-200", "")]
+    assert not kept.hold, "the empty poll happened"
+    assert len(consumers) == 1, "the kept consumer read it, with no consumer made for it"
+
+
+def test_a_fetch_the_kept_consumer_sent_ahead_is_no_verdict_on_what_came_after_it(
+        kafka: KafkaSettings, unique: str, consumers: list[_Consumer]) -> None:
+    """The kept consumer holds a fetch it sent at 150, answered when the partition ended at
+    160 (what a read that stops at the end leaves while records arrive): a body written after
+    it, at 180, is read all the same."""
+    from kafka import TopicPartition
+
+    topics = Topics.with_prefix(f"{unique}_")
+    _create(kafka, topics.half, 1)
+    _write(kafka, topics, 0, [f"tx-{i}" for i in range(150)])
+    settings = _own(kafka, unique)
+    BodySource(settings, topics.half).read({0: {149}})
+    _write(kafka, topics, 0, [f"tx-{i}" for i in range(150, 160)])
+
+    # A fetch at 150 sent and not yet returned; then, in kafka-python's buffer, its answer.
+    kept, tp = consumers[0].real, TopicPartition(topics.half, 0)
+    kept.assign([tp])
+    kept.seek(tp, 150)
+    while kept.poll(timeout_ms=0):  # the fetch came back within the poll: send another
+        kept.seek(tp, 150)
+    wait_until(lambda: [(f.fetched_offset, f.partition_data.high_watermark)
+                        for f in kept._fetcher._completed_fetches] == [(150, 160)], 5.0)
+    _write(kafka, topics, 0, [f"tx-{i}" for i in range(160, 200)])
+
+    assert _sent(BodySource(settings, topics.half), topics,
+                 [_release("tx-150", (0, 150)), _release("tx-180", (0, 180))]) == [
+        (Kind.VISIBLE, b"body of tx-150", ""), (Kind.VISIBLE, b"body of tx-180", "")]
+
+
+@pytest.mark.parametrize("read_before", [True, False], ids=["kept-consumer-knew-it", "new"])
+def test_bodies_in_a_partition_the_recreated_half_topic_lacks_are_gone_at_once(
+        kafka: KafkaSettings, unique: str, read_before: bool) -> None:
+    """The half topic recreated with 1 partition instead of 3: bodies in partition 2 are
+    dead letters that say so, at once; a body in the new topic is read."""
+    topics = Topics.with_prefix(f"{unique}_")
+    _create(kafka, topics.half, 3)
+    _write(kafka, topics, 2, ["tx-b", "tx-c"])
+    settings = _own(kafka, unique)
+    if read_before:  # the process's kept consumer knows partition 2
+        assert set(BodySource(settings, topics.half).read({2: {0, 1}})) == {(2, 0), (2, 1)}
+    admin = make_admin(kafka)
+    try:
+        admin.delete_topics([topics.half])
+    finally:
+        admin.close()
+    _create(kafka, topics.half, 1)
+    _write(kafka, topics, 0, ["tx-new"])
+
+    started = time.monotonic()
+    sent = _sent(BodySource(settings, topics.half), topics,
+                 [_release("tx-new", (0, 0)), _release("tx-b", (2, 0)),
+                  _release("tx-c", (2, 1))])
+    took = time.monotonic() - started
+    assert sent[0] == (Kind.VISIBLE, b"body of tx-new", "")
+    assert [(kind, value) for kind, value, _ in sent[1:]] == [(Kind.DEAD_LETTER, None)] * 2
+    for _, _, reason in sent[1:]:
+        assert f"{topics.half}/2" in reason and "partition 2 no longer exists" in reason
+    assert took < 10, f"took {took:.1f} s: a read waited for a partition that is not there"
+
+
+def test_an_unreachable_broker_fails_the_read_and_reports_nothing_gone(unique: str) -> None:
+    """The batch runs again later: no body may be called gone because the broker is down."""
+    from txstream.broker import EmbeddedBroker
+    from txstream.errors import SendFailed
+
+    topics = Topics.with_prefix(f"{unique}_")
+    with EmbeddedBroker() as broker:
+        # Clients give up connecting after 2 s (not 30), so that the failure comes soon.
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers,
+                              extra={"bootstrap_timeout_ms": 2000})
+        _create(kafka, topics.half, 1)
+        _write(kafka, topics, 0, ["tx-a"])
+        source = BodySource(kafka, topics.half)
+        assert set(source.read({0: {0}})) == {(0, 0)}
+    with pytest.raises(SendFailed, match="cannot read half messages back"):
+        source.read({0: {0, 5}})

@@ -32,8 +32,9 @@ class Unreadable(NamedTuple):
 
 
 def _assign(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]) -> None:
-    # Re-assigning clears each partition's remembered high watermark (and any parsed fetch),
-    # so what is read afterwards comes from a new fetch.
+    # Re-assigning clears each partition's remembered high watermark and position. A fetch
+    # kafka-python sent ahead and buffered is still taken when it was made at the offset
+    # sought, with the high watermark of its time (read_range).
     consumer.assign([])
     consumer.assign(list(tps))
     for tp in tps:
@@ -93,6 +94,12 @@ def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0
 ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with
 
 
+def _listed(consumer: Any, topic: str, partition: int) -> bool:
+    """Whether the consumer's metadata lists the partition (asked of the broker only when the
+    consumer knows nothing of the topic)."""
+    return partition in consumer.partitions_for_topic(topic)
+
+
 def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int, end: int,
                stall_s: float, stop_at_end: bool = False) -> Iterator[Any]:
     """The records of ``[start, end)`` of one partition in order (ConsumerRecord, or
@@ -102,7 +109,13 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
     progress for ``PATIENT_AFTER_S`` it is asked for a patient one (a broker on slow storage
     answers impatient fetches empty, again and again). Raises :class:`ReadFailed` after
     ``stall_s`` without progress. ``stop_at_end``: a range that reaches past the partition's
-    end (its high watermark) ends there, instead of waiting for records that may never come.
+    end (its high watermark) ends there, instead of waiting for records that may never come;
+    so does one in a partition the consumer's metadata does not list.
+
+    Each read starts from a fresh assignment, yet a kept consumer's end may be older than the
+    read: kafka-python takes a fetch it sent ahead and buffered when it was made at ``start``,
+    with the high watermark of its time. An offset missing after ``stop_at_end`` is no proof
+    that the partition lacks it: confirm with a new consumer.
     """
     from kafka import TopicPartition
     from kafka.errors import CorruptRecordError
@@ -110,8 +123,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
     tp = TopicPartition(topic, partition)
     consumer = consumer_for(False)
     patient = consumer.config["fetch_max_wait_ms"] >= PATIENT_FETCH_WAIT_MS
-    consumer.assign([tp])
-    consumer.seek(tp, start)
+    _assign(consumer, [tp], {(topic, partition): start})
     progress_at = time.monotonic()
     position = start
     while position < end:
@@ -140,12 +152,13 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
         now_at = consumer.position(tp)
         if stop_at_end and (hw := consumer.highwater(tp)) is not None and now_at >= hw:
             return
+        if stop_at_end and now_at == position and not _listed(consumer, topic, partition):
+            return  # no leader to fetch from: nothing would ever come
         if now_at != position:
             position, progress_at = now_at, time.monotonic()
         elif not patient and time.monotonic() - progress_at > PATIENT_AFTER_S:
             consumer, patient = consumer_for(True), True
-            consumer.assign([tp])
-            consumer.seek(tp, position)
+            _assign(consumer, [tp], {(topic, partition): position})
         elif time.monotonic() - progress_at > stall_s:
             raise ReadFailed(
                 f"{topic}/{partition}: stuck at offset {position} while reading [{start}, "
