@@ -11,7 +11,7 @@ from kafka import TopicPartition
 from txstream.kafka import make_consumer
 from txstream.kafka.memory import MemoryBroker
 
-__all__ = ["Clock", "new_broker", "fill", "assigned", "offsets"]
+__all__ = ["Clock", "new_broker", "fill", "assigned", "offsets", "trace_schedule"]
 
 
 class Clock:
@@ -53,3 +53,25 @@ def assigned(broker: MemoryBroker, tp: TopicPartition, offset: int | None = 0,
 
 def offsets(batch: dict[Any, list[Any]], tp: TopicPartition) -> list[int]:
     return [r.offset for r in batch.get(tp, [])]
+
+
+def trace_schedule(seed: int) -> list[Any]:
+    """A schedule of appends, seeks and polls against a consumer with every quirk on."""
+    quirks = {"in_flight_probability": 0.4, "stale_fetch_probability": 0.5}
+    with new_broker(Clock(), seed, **quirks) as broker:
+        fill(broker, "t", 4, partitions=2)
+        tps = [TopicPartition("t", p) for p in (0, 1)]
+        consumer = make_consumer(broker.settings, max_poll_records=3)
+        consumer.assign(tps)
+        steps = random.Random(seed)
+        trace: list[Any] = []
+        for _ in range(200):
+            move = steps.random()
+            if move < 0.3:
+                broker.append("t", None, b"v")
+            elif move < 0.35:
+                consumer.seek(tps[steps.randrange(2)], 0)
+            batch = consumer.poll(timeout_ms=1)
+            trace.append(([(tp.partition, offsets(batch, tp)) for tp in tps],
+                          [(consumer.position(tp), consumer.highwater(tp)) for tp in tps]))
+        return trace

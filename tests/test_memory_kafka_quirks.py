@@ -4,8 +4,11 @@ probabilities set to 0 or 1, and a schedule with all of them on replays with its
 
 from __future__ import annotations
 
-import random
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from kafka import TopicPartition
 from txstream.kafka import make_consumer
 from txstream.kafka.memory import MemoryBroker
 
-from memory_helpers import Clock, assigned, fill, new_broker, offsets
+from memory_helpers import Clock, assigned, fill, new_broker, offsets, trace_schedule
 
 
 @pytest.fixture
@@ -207,27 +210,20 @@ def test_partitions_are_cached_until_metadata_is_asked_for(mem: MemoryBroker,
     assert consumer.partitions_for_topic("u") == {0, 1}
 
 
-def _trace(clock: Clock, seed: int) -> list[Any]:
-    """A schedule of appends, seeks and polls against a consumer with every quirk on."""
-    with new_broker(clock, seed, in_flight_probability=0.4, stale_fetch_probability=0.5) as broker:
-        fill(broker, "t", 4, partitions=2)
-        tps = [TopicPartition("t", p) for p in (0, 1)]
-        consumer = make_consumer(broker.settings, max_poll_records=3)
-        consumer.assign(tps)
-        steps = random.Random(seed)
-        trace: list[Any] = []
-        for _ in range(200):
-            move = steps.random()
-            if move < 0.3:
-                broker.append("t", None, b"v")
-            elif move < 0.35:
-                consumer.seek(tps[steps.randrange(2)], 0)
-            batch = consumer.poll(timeout_ms=1)
-            trace.append(([(tp.partition, offsets(batch, tp)) for tp in tps],
-                          [(consumer.position(tp), consumer.highwater(tp)) for tp in tps]))
-        return trace
+def test_a_schedule_replays_exactly_with_its_seed() -> None:
+    assert trace_schedule(11) == trace_schedule(11)
+    assert trace_schedule(11) != trace_schedule(12)
 
 
-def test_a_schedule_replays_exactly_with_its_seed(clock: Clock) -> None:
-    assert _trace(clock, 11) == _trace(clock, 11)
-    assert _trace(clock, 11) != _trace(clock, 12)
+def test_a_schedule_replays_in_another_process() -> None:
+    """Nothing depends on the order of a set (string hashing differs per process)."""
+    code = "import memory_helpers; print(memory_helpers.trace_schedule(11))"
+    tests = str(Path(__file__).parent)
+    outputs = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed,
+               "PYTHONPATH": os.pathsep.join([tests, *sys.path])}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120, check=True)
+        outputs.add(done.stdout)
+    assert outputs == {f"{trace_schedule(11)}\n"}
