@@ -1,7 +1,9 @@
 """Kafka client construction, shared by every part of txstream.
 
 Every producer, consumer and admin client is built here, so TLS/SASL options reach all of
-them (the client library, the Spark source and sinks, the admin tools) the same way.
+them (the client library, the Spark source and sinks, the admin tools) the same way. Settings
+whose bootstrap servers are ``memory://NAME`` get the clients of the in-memory broker
+registered under NAME instead (:mod:`txstream.kafka.memory`, for deterministic simulations).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, TypeVar
 from kafka import KafkaProducer
 
 from txstream.errors import BrokerUnavailable
+from txstream.kafka.memory import is_memory
+from txstream.kafka.memory_clients import MemoryProducer, check_memory_broker, memory_client
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
@@ -102,6 +106,8 @@ def make_producer(settings: KafkaSettings, *, role: str | None = None, **overrid
     ``role`` names it in its client id (see :func:`client_id`)."""
     kw = _kwargs(settings, "producer", role, _PRODUCER_DEFAULTS, overrides)
     try:
+        if is_memory(settings):
+            return memory_client(settings, "producer", kw)
         return TopicTrackingProducer(**kw)
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
@@ -118,6 +124,8 @@ def make_consumer(settings: KafkaSettings, *, role: str | None = None, **overrid
         defaults.update(_GROUP_DEFAULTS)
     kw = _kwargs(settings, "consumer", role, defaults, overrides)
     try:
+        if is_memory(settings):
+            return memory_client(settings, "consumer", kw)
         return KafkaConsumer(**kw)
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
@@ -130,6 +138,8 @@ def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides:
 
     kw = _kwargs(settings, "admin", role, {}, overrides)
     try:
+        if is_memory(settings):
+            return memory_client(settings, "admin", kw)
         return KafkaAdminClient(**kw)
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
@@ -140,9 +150,14 @@ def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides:
 def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
     """Block until the broker answers a metadata request, with backoff; else raise.
 
-    The error is one line (no stack trace wall): what was tried, for how long.
+    The error is one line (no stack trace wall): what was tried, for how long. A memory
+    broker is not waited for (its time is the simulation's): it answers now or raises.
     """
     from kafka import KafkaConsumer
+
+    if is_memory(settings):
+        check_memory_broker(settings)
+        return
 
     deadline = time.monotonic() + timeout_s
     delay = 0.2
@@ -177,7 +192,7 @@ def close_quietly(client: Any) -> None:
     ``delivery_timeout_ms`` (2 min). Whoever closes a broken producer sends its records again.
     """
     try:
-        if isinstance(client, KafkaProducer):
+        if isinstance(client, (KafkaProducer, MemoryProducer)):
             client.close(timeout=0)
         else:
             client.close()

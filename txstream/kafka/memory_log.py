@@ -1,0 +1,125 @@
+"""The in-memory broker's storage (:mod:`txstream.kafka.memory`): topics of partition logs, and
+what a fetch of one partition answers."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+__all__ = ["CREATE_TIME", "LOG_APPEND_TIME", "DEFAULT_RETENTION_MS", "Headers", "StoredRecord",
+           "FetchAnswer", "PartitionLog", "Topic", "record_size", "consumer_record"]
+
+CREATE_TIME, LOG_APPEND_TIME = 0, 1
+DEFAULT_RETENTION_MS = 7 * 86_400_000  # Kafka's log.retention.hours=168
+Headers = tuple[tuple[str, bytes], ...]
+
+
+class StoredRecord(NamedTuple):
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp: int
+    timestamp_type: int  # CREATE_TIME or LOG_APPEND_TIME
+
+
+class FetchAnswer(NamedTuple):
+    """The broker's answer to a fetch of one partition: ``error`` is None, ``"out_of_range"``
+    or ``"unknown"`` (no such topic or partition)."""
+
+    error: str | None
+    highwater: int
+    log_start: int
+    records: tuple[StoredRecord, ...]
+
+
+def record_size(record: StoredRecord) -> int:
+    """Roughly the bytes a record takes in a fetch (for the fetch size limits)."""
+    return (70 + len(record.key or b"") + len(record.value or b"")
+            + sum(len(k) + len(v) for k, v in record.headers))
+
+
+def consumer_record(topic: str, partition: int, r: StoredRecord) -> Any:
+    """The record as kafka-python's consumer returns it."""
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    return ConsumerRecord(
+        topic, partition, 0, r.offset, r.timestamp, r.timestamp_type, r.key, r.value,
+        list(r.headers), None, len(r.key) if r.key is not None else -1,
+        len(r.value) if r.value is not None else -1,
+        sum(len(k.encode()) + len(v) for k, v in r.headers) if r.headers else -1)
+
+
+class PartitionLog:
+    """One partition: its records by offset (gaps after compaction), log start and end (the
+    high watermark: there is one replica)."""
+
+    def __init__(self) -> None:
+        self.records: list[StoredRecord] = []
+        self.start = 0
+        self.end = 0
+
+    def append(self, key: bytes | None, value: bytes | None, headers: Headers, timestamp: int,
+               timestamp_type: int) -> StoredRecord:
+        record = StoredRecord(self.end, key, value, headers, timestamp, timestamp_type)
+        self.records.append(record)
+        self.end += 1
+        return record
+
+    def truncate_before(self, offset: int) -> int:
+        """Drop the records below ``offset`` (the log start moves there); returns how many."""
+        cut = bisect.bisect_left(self.records, offset, key=lambda r: r.offset)
+        del self.records[:cut]
+        self.start = max(self.start, offset)
+        return cut
+
+    def expire(self, before_ms: int) -> int:
+        """Drop the records from the front with timestamps before ``before_ms``, as Kafka
+        deletes old segments from the front (a record is its own segment here)."""
+        old = 0
+        while old < len(self.records) and self.records[old].timestamp < before_ms:
+            old += 1
+        if not old:
+            return 0
+        return self.truncate_before(self.records[old].offset if old < len(self.records)
+                                    else self.end)
+
+    def compact(self) -> int:
+        """Keep the last record per key (keyless ones stay); returns how many went."""
+        last = {r.key: r.offset for r in self.records if r.key is not None}
+        kept = [r for r in self.records if r.key is None or last[r.key] == r.offset]
+        dropped = len(self.records) - len(kept)
+        self.records = kept
+        return dropped
+
+    def read(self, offset: int, max_bytes: int, above_end_out_of_range: bool,
+             at_least_one: bool = True) -> FetchAnswer:
+        """Records from ``offset`` on, up to ``max_bytes``; ``at_least_one``: the first record
+        comes back even when larger (KIP-74: the first of a fetch's response)."""
+        if offset < self.start or (offset > self.end and above_end_out_of_range):
+            return FetchAnswer("out_of_range", self.end, self.start, ())
+        first = bisect.bisect_left(self.records, offset, key=lambda r: r.offset)
+        taken: list[StoredRecord] = []
+        size = 0
+        for record in self.records[first:]:
+            size += record_size(record)
+            if size > max_bytes and (taken or not at_least_one):
+                break
+            taken.append(record)
+        return FetchAnswer(None, self.end, self.start, tuple(taken))
+
+
+class Topic:
+    def __init__(self, name: str, partitions: int, configs: Mapping[str, str], topic_id: str
+                 ) -> None:
+        self.name = name
+        self.configs = {str(k): str(v) for k, v in configs.items()}
+        self.logs = [PartitionLog() for _ in range(partitions)]
+        self.topic_id = topic_id
+
+    def config(self, name: str, default: str) -> str:
+        return self.configs.get(name, default)
+
+    def policy(self) -> set[str]:
+        return {p.strip() for p in self.config("cleanup.policy", "delete").split(",")}
