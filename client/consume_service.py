@@ -148,6 +148,20 @@ class ConsumeService:
         self._send(Record(self.retry_topic, rec.key, rec.value, headers), rec.partition)
         self.count("requeued")
 
+    def dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
+                              ) -> bool:
+        """Take ``rec``, which cannot be decoded, to the dead-letter topic; False if it was not
+        taken or not acknowledged (then its partition is rewound to it)."""
+        if not self._offsets.take(tp, rec.offset):
+            return False
+        try:
+            self.dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
+        except SendFailed:
+            self._offsets.finish(tp, rec.offset, False)  # rewound, and dead-lettered again
+            return False
+        self._offsets.finish(tp, rec.offset, True)
+        return True
+
     def dead_letter(self, rec: Any, origin: str, reconsume: int, reason: str) -> None:
         """Write ``rec`` to the dead-letter topic; raise SendFailed if not acknowledged."""
         log.warning("dead-lettering %s-%d@%d to %s: %s", rec.topic, rec.partition, rec.offset,

@@ -31,7 +31,7 @@ from client.listener import MessageListener
 from client.offsets import OffsetTracker
 from client.options import check_counts, now_ms, producer_options, resolve_settings, timeout_ms
 from client.retry import DLQ_PREFIX, RETRY_PREFIX, Subscription, due_ms, retry_delays
-from txstream.errors import ClientStateError, ConfigError, MalformedRecord, SendFailed
+from txstream.errors import ClientStateError, ConfigError, MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
 from txstream.topics import validate_group, validate_topic
 from txstream.wire import header_dict
@@ -51,8 +51,9 @@ class PushConsumer:
     ``consume_thread_min`` / ``consume_thread_max`` (20 / 20): the listener's threads;
     ``consume_batch_max_size`` (1): messages per listener call;
     ``pull_threshold_for_queue`` (1000): a partition stops being fetched while this many of
-    its messages are taken and not yet consumed; ``consume_concurrently_max_span`` (2000):
-    ... or while its oldest message not yet consumed is this far behind the newest taken;
+    its messages are taken and not yet consumed (retry records held until due too);
+    ``consume_concurrently_max_span`` (2000): ... or while its oldest message not yet
+    consumed is this far behind the newest taken (a retry record held is requeued instead);
     ``consume_from_where`` (``CONSUME_FROM_LAST_OFFSET``) and ``consume_timestamp`` (epoch
     ms; default half an hour before start, as Java): where the group starts reading a
     partition it has no committed offset for (:mod:`client.consume_from`);
@@ -294,7 +295,7 @@ class PushConsumer:
         try:
             msg = decode(rec, is_retry)
         except MalformedRecord as exc:
-            return self._dead_letter_malformed(tp, rec, exc)
+            return self._service.dead_letter_malformed(tp, rec, exc)
         if sub is not None and not sub.matches(msg.tags):
             self._service.count("filtered")
             return self._offsets.take(tp, rec.offset, inflight=False)
@@ -322,19 +323,6 @@ class PushConsumer:
             self._service.release([msg.msg_id])
             return False
         chunk.append((rec, msg))
-        return True
-
-    def _dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
-                               ) -> bool:
-        assert self._service is not None
-        if not self._offsets.take(tp, rec.offset):
-            return False
-        try:
-            self._service.dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
-        except SendFailed:
-            self._offsets.finish(tp, rec.offset, False)  # rewound, and dead-lettered again
-            return False
-        self._offsets.finish(tp, rec.offset, True)
         return True
 
     def _submit(self, tp: TopicPartition, epoch: int, chunk: list[Item]) -> None:
