@@ -1,4 +1,5 @@
-"""Retry records read before they are due, held until they are ([0022]).
+"""Retry records read before they are due, held until they are
+(docs/decisions/0022-retry-records-held-until-due.md).
 
 The records of one retry partition are not in due order: a message retried for the 16th time
 (due in 2 h) may lie before one retried for the first time (due in 10 s). So the polling thread
@@ -9,8 +10,6 @@ owner) reads it again, from its headers, with the same due time.
 
 Only the polling thread uses it (and the rebalance callbacks, which run while it waits inside
 ``poll``), as :class:`~client.consume_partitions.Partitions`.
-
-[0022]: ../docs/decisions/0022-retry-records-held-until-due.md
 """
 
 from __future__ import annotations
