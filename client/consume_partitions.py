@@ -23,6 +23,8 @@ from kafka.structs import OffsetAndMetadata
 
 from client.consume_pool import Job
 from client.offsets import OffsetTracker
+from client.retry_hold import HeldRetries
+from txstream.errors import SendFailed
 
 __all__ = ["Partitions", "Rebalance", "commit_map", "wait_jobs"]
 
@@ -40,9 +42,10 @@ def wait_jobs(jobs: list[Job], timeout_s: float) -> None:
 
 
 class Partitions:
-    """Assigned partitions (``reading`` once positioned), their jobs and their bounds: a
-    partition is full while ``pull_threshold`` of its messages are taken and not finished, or
-    its oldest one not finished is ``max_span`` offsets behind the next to take."""
+    """Assigned partitions (``reading`` once positioned), their jobs, their retry records held
+    until due, and their bounds: a partition is full while ``pull_threshold`` of its messages
+    are taken and not finished (held ones too), or its oldest one not finished is ``max_span``
+    offsets behind the next to take."""
 
     def __init__(self, offsets: OffsetTracker, pull_threshold: int, max_span: int) -> None:
         self.offsets = offsets
@@ -50,7 +53,7 @@ class Partitions:
         self.max_span = max_span
         self.reading: frozenset[TopicPartition] = frozenset()
         self.unpositioned: frozenset[TopicPartition] = frozenset()
-        self.due: dict[TopicPartition, int] = {}  # retry partition -> when due (epoch ms)
+        self.held = HeldRetries()
         self._jobs: dict[TopicPartition, dict[Job, Sequence[str | None]]] = {}
         self._lock = threading.Lock()
 
@@ -59,10 +62,36 @@ class Partitions:
         return count >= self.pull_threshold or (
             oldest is not None and offset - oldest >= self.max_span)
 
-    def to_pause(self, now_ms: int) -> set[TopicPartition]:
-        """Partitions not to fetch now: not positioned, full, or waiting for a retry due."""
-        self.due = {tp: d for tp, d in self.due.items() if d > now_ms and tp in self.reading}
-        out = set(self.due) | self.unpositioned
+    def past_span(self, tp: TopicPartition) -> int | None:
+        """The offset of a held record that is ``max_span`` behind the next to take, and is
+        the oldest not finished: it alone keeps the partition full. None while ``max_span``
+        records or more are held: requeued, they would come round again and again."""
+        _, oldest, nxt = self.offsets.pending(tp)
+        if (oldest is not None and nxt is not None and nxt - oldest >= self.max_span
+                and self.held.holds(tp, oldest) and self.held.count(tp) < self.max_span):
+            return oldest
+        return None
+
+    def requeue_past_span(self, requeue: Callable[[Any], None]) -> None:
+        """A held record ``max_span`` behind the next to take would stop its partition until
+        it is due (up to the longest retry delay): ``requeue`` writes it again, as it is, at
+        the retry topic's end, and its offset is finished once that was acknowledged."""
+        for tp in self.reading:
+            while (offset := self.past_span(tp)) is not None:
+                entry = self.held.pop(tp, offset)
+                assert entry is not None  # past_span found it held
+                due, rec, msg = entry
+                try:
+                    requeue(rec)
+                except SendFailed as exc:
+                    log.warning("cannot requeue %s (%s); holding it", msg.msg_id, exc)
+                    self.held.hold(tp, due, rec, msg)
+                    return
+                self.offsets.finish(tp, offset, True)
+
+    def to_pause(self) -> set[TopicPartition]:
+        """Partitions not to fetch now: not positioned, or full."""
+        out = set(self.unpositioned)
         for tp in self.reading:
             nxt = self.offsets.pending(tp)[2]
             if nxt is not None and self.full(tp, nxt):
@@ -95,6 +124,7 @@ class Partitions:
 
     def assigned(self, tps: set[TopicPartition]) -> None:
         self.offsets.forget(tps)
+        self.held.forget(tps)
         self.unpositioned = self.unpositioned | tps
 
     def positioned(self, tps: frozenset[TopicPartition]) -> None:
@@ -103,8 +133,7 @@ class Partitions:
 
     def forget(self, tps: set[TopicPartition]) -> None:
         self.offsets.forget(tps)
-        for tp in tps:
-            self.due.pop(tp, None)
+        self.held.forget(tps)  # unfinished: the partition's next owner reads them again
         with self._lock:
             for tp in tps:
                 self._jobs.pop(tp, None)

@@ -141,6 +141,27 @@ class ConsumeService:
                                 msg.topic, attempt, due))
         self.count("retried")
 
+    def requeue(self, rec: Any) -> None:
+        """Write a retry record again, as it is (when it is due, its attempt), at the end of
+        its partition; raise SendFailed if not acknowledged."""
+        headers = tuple((k, v or b"") for k, v in rec.headers or ())
+        self._send(Record(self.retry_topic, rec.key, rec.value, headers), rec.partition)
+        self.count("requeued")
+
+    def dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
+                              ) -> bool:
+        """Take ``rec``, which cannot be decoded, to the dead-letter topic; False if it was not
+        taken or not acknowledged (then its partition is rewound to it)."""
+        if not self._offsets.take(tp, rec.offset):
+            return False
+        try:
+            self.dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
+        except SendFailed:
+            self._offsets.finish(tp, rec.offset, False)  # rewound, and dead-lettered again
+            return False
+        self._offsets.finish(tp, rec.offset, True)
+        return True
+
     def dead_letter(self, rec: Any, origin: str, reconsume: int, reason: str) -> None:
         """Write ``rec`` to the dead-letter topic; raise SendFailed if not acknowledged."""
         log.warning("dead-lettering %s-%d@%d to %s: %s", rec.topic, rec.partition, rec.offset,
@@ -149,10 +170,10 @@ class ConsumeService:
                                       origin, rec.partition, rec.offset, reconsume, reason))
         self.count("dead_lettered")
 
-    def _send(self, record: Record) -> None:
+    def _send(self, record: Record, partition: int | None = None) -> None:
         try:
             self._producer.send(record.topic, key=record.key, value=record.value,
-                                headers=list(record.headers)).get(
+                                headers=list(record.headers), partition=partition).get(
                 timeout=self._send_timeout_ms / 1000 + 1)
         except Exception as exc:
             raise SendFailed(f"{record.topic}: {type(exc).__name__}: {exc}") from exc

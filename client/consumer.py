@@ -8,7 +8,8 @@ At-least-once: a partition's offset is committed only up to its lowest message n
 consumed, filtered out, dropped as a duplicate or durably handed to the retry or dead-letter
 topic (:mod:`client.offsets`); a message consumed out of order never lets an earlier one's
 offset be committed. A failed message does not hold up its partition: it comes back from the
-group's retry topic after its delay (:mod:`client.retry`).
+group's retry topic after its delay (:mod:`client.retry`). A retry record read before it is
+due is held until it is, while the records behind it are read on (:mod:`client.retry_hold`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from client.consume_service import ConsumeService, Item, decode
 from client.dedup import DedupCache
 from client.listener import MessageListener
 from client.offsets import OffsetTracker
-from client.options import now_ms, producer_options, resolve_settings, timeout_ms
-from client.retry import DLQ_PREFIX, RETRY_PREFIX, ROCKETMQ_DELAYS_S, RetryHeaders, Subscription
-from txstream.errors import ClientStateError, ConfigError, MalformedRecord, SendFailed
+from client.options import check_counts, now_ms, producer_options, resolve_settings, timeout_ms
+from client.retry import DLQ_PREFIX, RETRY_PREFIX, Subscription, due_ms, retry_delays
+from txstream.errors import ClientStateError, ConfigError, MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
 from txstream.topics import validate_group, validate_topic
 from txstream.wire import header_dict
@@ -50,8 +51,9 @@ class PushConsumer:
     ``consume_thread_min`` / ``consume_thread_max`` (20 / 20): the listener's threads;
     ``consume_batch_max_size`` (1): messages per listener call;
     ``pull_threshold_for_queue`` (1000): a partition stops being fetched while this many of
-    its messages are taken and not yet consumed; ``consume_concurrently_max_span`` (2000):
-    ... or while its oldest message not yet consumed is this far behind the newest taken;
+    its messages are taken and not yet consumed (retry records held until due too);
+    ``consume_concurrently_max_span`` (2000): ... or while its oldest message not yet
+    consumed is this far behind the newest taken (a retry record held is requeued instead);
     ``consume_from_where`` (``CONSUME_FROM_LAST_OFFSET``) and ``consume_timestamp`` (epoch
     ms; default half an hour before start, as Java): where the group starts reading a
     partition it has no committed offset for (:mod:`client.consume_from`);
@@ -101,14 +103,14 @@ class PushConsumer:
             self.dlq_topic = validate_topic(f"{topic_prefix}{DLQ_PREFIX}{consumer_group}")
         except ConfigError as exc:
             raise ConfigError(f"group and topic prefix too long or invalid: {exc}") from None
-        _check_counts(max_reconsume_times=(max_reconsume_times, 0),
-                      consume_thread_min=(consume_thread_min, 1),
-                      consume_batch_max_size=(consume_batch_max_size, 1),
-                      pull_threshold_for_queue=(pull_threshold_for_queue, 1),
-                      consume_concurrently_max_span=(consume_concurrently_max_span, 1))
-        _check_counts(consume_thread_max=(consume_thread_max, consume_thread_min))
+        check_counts(max_reconsume_times=(max_reconsume_times, 0),
+                     consume_thread_min=(consume_thread_min, 1),
+                     consume_batch_max_size=(consume_batch_max_size, 1),
+                     pull_threshold_for_queue=(pull_threshold_for_queue, 1),
+                     consume_concurrently_max_span=(consume_concurrently_max_span, 1))
+        check_counts(consume_thread_max=(consume_thread_max, consume_thread_min))
         self.max_reconsume_times = max_reconsume_times
-        self._delays = _delays(retry_delay_s)
+        self._delays = retry_delays(retry_delay_s)
         self.consume_thread_min, self.consume_thread_max = consume_thread_min, consume_thread_max
         self._batch_max = consume_batch_max_size
         self.consume_from_where = ConsumeFromWhere.of(consume_from_where)
@@ -132,7 +134,7 @@ class PushConsumer:
         self._stop = threading.Event()
         self._started = False
         self.stats = {"consumed": 0, "retried": 0, "dead_lettered": 0, "duplicates": 0,
-                      "filtered": 0}
+                      "filtered": 0, "requeued": 0}
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -234,9 +236,13 @@ class PushConsumer:
                 try:
                     self._rewind_failed()
                     self._position_new()
+                    assert self._service is not None
+                    self._parts.requeue_past_span(self._service.requeue)
+                    self._release_due()
                     self._apply_pauses()
                     self._commit()
-                    batch = self._consumer.poll(timeout_ms=self._poll_timeout_ms)
+                    batch = self._consumer.poll(timeout_ms=self._parts.held.wait_ms(
+                        self._poll_timeout_ms, now_ms()))  # no later than the next due
                     for tp, records in batch.items():
                         if tp in self._parts.reading and not self._stop.is_set():
                             self._dispatch(tp, records)
@@ -266,7 +272,7 @@ class PushConsumer:
         chunk: list[Item] = []
         try:
             for rec in records:
-                if (is_retry and self._not_due(tp, rec)) or self._parts.full(tp, rec.offset):
+                if self._parts.full(tp, rec.offset):
                     self._consumer.seek(tp, rec.offset)  # fetched again when it may be taken
                     break
                 if not self._take(tp, rec, is_retry, sub, chunk):
@@ -283,36 +289,40 @@ class PushConsumer:
 
     def _take(self, tp: TopicPartition, rec: Any, is_retry: bool, sub: Subscription | None,
               chunk: list[Item]) -> bool:
-        """Take ``rec``: into ``chunk`` to be consumed, or handled here; False if refused."""
+        """Take ``rec``: into ``chunk`` to be consumed, held until due, or handled here; False
+        if refused."""
         assert self._service is not None
         try:
             msg = decode(rec, is_retry)
         except MalformedRecord as exc:
-            return self._dead_letter_malformed(tp, rec, exc)
+            return self._service.dead_letter_malformed(tp, rec, exc)
         if sub is not None and not sub.matches(msg.tags):
             self._service.count("filtered")
             return self._offsets.take(tp, rec.offset, inflight=False)
+        due = due_ms(header_dict(rec.headers)) if is_retry else 0
+        if due > now_ms():
+            if not self._offsets.take(tp, rec.offset):
+                return False
+            self._parts.held.hold(tp, due, rec, msg)  # in flight: not committed past
+            return True
+        return self._claim(tp, rec, msg, chunk, taken=False)
+
+    def _claim(self, tp: TopicPartition, rec: Any, msg: Any, chunk: list[Item], *,
+               taken: bool) -> bool:
+        """Into ``chunk``, or dropped as a duplicate. ``taken``: the record is in flight
+        already (a retry record held until due)."""
+        assert self._service is not None
         if not self._service.claim(msg.msg_id):
             self._service.count("duplicates")
             log.debug("duplicate %s dropped", msg.msg_id)
+            if taken:
+                self._offsets.finish(tp, rec.offset, True)
+                return True
             return self._offsets.take(tp, rec.offset, inflight=False)
-        if not self._offsets.take(tp, rec.offset):
+        if not taken and not self._offsets.take(tp, rec.offset):
             self._service.release([msg.msg_id])
             return False
         chunk.append((rec, msg))
-        return True
-
-    def _dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
-                               ) -> bool:
-        assert self._service is not None
-        if not self._offsets.take(tp, rec.offset):
-            return False
-        try:
-            self._service.dead_letter(rec, rec.topic, 0, f"malformed record: {exc.reason}")
-        except SendFailed:
-            self._offsets.finish(tp, rec.offset, False)  # rewound, and dead-lettered again
-            return False
-        self._offsets.finish(tp, rec.offset, True)
         return True
 
     def _submit(self, tp: TopicPartition, epoch: int, chunk: list[Item]) -> None:
@@ -323,18 +333,20 @@ class PushConsumer:
         self._pool.submit(self._parts.job(tp, lambda: service.consume(tp, epoch, chunk),
                                           [m.msg_id for _, m in chunk]))
 
-    def _not_due(self, tp: TopicPartition, rec: Any) -> bool:
-        try:
-            due = int(header_dict(rec.headers).get(RetryHeaders.DUE_MS) or 0)
-        except (MalformedRecord, ValueError):
-            return False  # undecodable: handled (dead-lettered) as malformed
-        if due <= now_ms():
-            return False
-        self._parts.due[tp] = due  # later retry records are due no earlier, roughly
-        return True
+    def _release_due(self) -> None:
+        """Consume the held retry records that are due."""
+        for tp, items in self._parts.held.pop_due(now_ms()).items():
+            epoch = self._offsets.epoch(tp)
+            chunk: list[Item] = []
+            for rec, msg in items:
+                self._claim(tp, rec, msg, chunk, taken=True)
+                if len(chunk) >= self._batch_max:
+                    self._submit(tp, epoch, chunk)
+                    chunk = []
+            self._submit(tp, epoch, chunk)
 
     def _apply_pauses(self) -> None:
-        want = self._parts.to_pause(now_ms())
+        want = self._parts.to_pause()
         paused = set(self._consumer.paused())
         if want - paused:
             self._consumer.pause(*(want - paused))
@@ -370,6 +382,8 @@ class PushConsumer:
             if tp in self._parts.reading:
                 self._consumer.seek(tp, offset)
                 self._offsets.rewind(tp, offset)
+                for later in self._parts.held.drop_from(tp, offset):  # read and held again
+                    self._offsets.finish(tp, later, True)
 
     def _commit(self) -> None:
         offsets = self._offsets.to_commit(set(self._parts.reading))
@@ -380,23 +394,3 @@ class PushConsumer:
             self._offsets.committed(offsets)
         except Exception as exc:  # a rebalance in progress: the next owner redelivers
             log.info("offset commit of %s failed: %s", self.consumer_group, exc)
-
-
-def _check_counts(**counts: tuple[int, int]) -> None:
-    for name, (value, least) in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            floor = "consume_thread_min" if name == "consume_thread_max" else least
-            raise ConfigError(f"{name} must be an integer >= {floor}, got {value!r}")
-
-
-def _delays(retry_delay_s: float | Sequence[float] | None) -> tuple[float, ...]:
-    if retry_delay_s is None:
-        return ROCKETMQ_DELAYS_S
-    if isinstance(retry_delay_s, (int, float)):
-        delays: tuple[float, ...] = (float(retry_delay_s),)
-    else:
-        delays = tuple(float(d) for d in retry_delay_s)
-    if not delays or any(d < 0 for d in delays):
-        raise ConfigError("retry delays must be non-negative seconds")
-    return delays
-

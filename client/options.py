@@ -18,6 +18,7 @@ from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 
 __all__ = [
+    "check_counts",
     "resolve_settings",
     "resolve_topics",
     "producer_options",
@@ -100,3 +101,11 @@ def producer_options(settings: KafkaSettings, send_timeout_ms: int, connect_time
         "delivery_timeout_ms": send_timeout_ms,  # the producer's own retries stop here too
         "linger_ms": 0,  # every send is waited for: batching would only add latency
     }
+
+
+def check_counts(**counts: tuple[int, int]) -> None:
+    """Each ``name=(value, least)`` an integer of at least ``least``; ConfigError if not."""
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            floor = "consume_thread_min" if name == "consume_thread_max" else least
+            raise ConfigError(f"{name} must be an integer >= {floor}, got {value!r}")

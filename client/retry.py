@@ -9,9 +9,10 @@ count travels with the record, so a restarted consumer still knows it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from txstream.errors import ConfigError
 from txstream.wire import H, Headers, Record
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "retry_record",
     "dead_letter_record",
     "retry_delay_s",
+    "retry_delays",
+    "due_ms",
 ]
 
 RETRY_PREFIX = "TXSTREAM_RETRY_"
@@ -68,6 +71,28 @@ class Subscription:
 def retry_delay_s(delays: Sequence[float], reconsume_times: int) -> float:
     """The delay before attempt ``reconsume_times`` (1 = the first redelivery)."""
     return float(delays[min(max(reconsume_times, 1), len(delays)) - 1])
+
+
+def retry_delays(retry_delay_s: float | Sequence[float] | None) -> tuple[float, ...]:
+    """The consumer's ``retry_delay_s`` option as one delay per attempt (the last repeats)."""
+    if retry_delay_s is None:
+        return ROCKETMQ_DELAYS_S
+    if isinstance(retry_delay_s, (int, float)):
+        delays: tuple[float, ...] = (float(retry_delay_s),)
+    else:
+        delays = tuple(float(d) for d in retry_delay_s)
+    if not delays or any(d < 0 for d in delays):
+        raise ConfigError("retry delays must be non-negative seconds")
+    return delays
+
+
+def due_ms(headers: Mapping[str, str]) -> int:
+    """When a retry record (its decoded headers) is due, epoch ms; 0 (now) if it does not
+    say: a record that cannot wait is delivered, never held for ever."""
+    try:
+        return int(headers.get(RetryHeaders.DUE_MS) or 0)
+    except ValueError:
+        return 0
 
 
 def _strip(headers: Iterable[tuple[str, bytes | None]]) -> list[tuple[str, bytes]]:

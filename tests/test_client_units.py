@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -20,12 +21,21 @@ from client import (
     Subscription,
     Topics,
 )
+from client.consume_partitions import Partitions
 from client.listener import call_for_state
 from client.offsets import OffsetTracker as _Offsets
 from client.options import resolve_settings, resolve_topics
-from client.retry import ROCKETMQ_DELAYS_S, RetryHeaders, retry_delay_s, retry_record
+from client.retry import (
+    ROCKETMQ_DELAYS_S,
+    RetryHeaders,
+    due_ms,
+    retry_delay_s,
+    retry_delays,
+    retry_record,
+)
+from client.retry_hold import HeldRetries
 from client.validate import validate_message
-from txstream.errors import ConfigError
+from txstream.errors import ConfigError, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 
@@ -177,3 +187,78 @@ def test_check_offsets_commit_only_past_answered_requests() -> None:
     assert o.take(tp, 2) and o.take(tp, 3, inflight=False)
     o.finish(tp, 2, ok=True)
     assert o.to_commit() == {tp: 4}
+
+
+def test_retry_delays_and_due_times_of_records() -> None:
+    assert retry_delays(None) == ROCKETMQ_DELAYS_S and retry_delays(2) == (2.0,)
+    assert retry_delays([1, 0.5]) == (1.0, 0.5)
+    for bad in ([], [-1], -0.1):
+        with pytest.raises(ConfigError, match="retry delays"):
+            retry_delays(bad)
+    assert due_ms({RetryHeaders.DUE_MS: "123"}) == 123
+    assert due_ms({}) == due_ms({RetryHeaders.DUE_MS: "soon"}) == 0  # due now, never held
+
+
+_TPS = [TopicPartition("r", 0), TopicPartition("r", 1)]
+_OPS = st.lists(st.tuples(st.sampled_from(["hold", "pop", "drop", "forget", "due"]),
+                          st.sampled_from(_TPS), st.integers(0, 9), st.integers(0, 50)),
+                max_size=80)
+
+
+@given(_OPS)
+def test_held_retries_come_out_exactly_when_due_in_due_order(ops: list) -> None:
+    held, model = HeldRetries(), {}  # model: (tp, offset) -> due
+    for op, tp, offset, t in ops:
+        if op == "hold" and (tp, offset) not in model:
+            held.hold(tp, t, SimpleNamespace(offset=offset), f"m{offset}")
+            model[tp, offset] = t
+        elif op == "pop":
+            entry = held.pop(tp, offset)
+            assert (entry and entry[0]) == model.pop((tp, offset), None)
+        elif op == "drop":
+            dropped = held.drop_from(tp, offset)
+            assert sorted(dropped) == sorted(o for (p, o) in model if p == tp and o >= offset)
+            for o in dropped:
+                del model[tp, o]
+        elif op == "forget":
+            held.forget({tp})
+            model = {k: v for k, v in model.items() if k[0] != tp}
+        elif op == "due":
+            out = held.pop_due(t)
+            want = sorted((due, p, o) for (p, o), due in model.items() if due <= t)
+            for p in _TPS:
+                assert [r.offset for r, _ in out.get(p, [])] == [o for _, q, o in want
+                                                                 if q == p]
+            for _, p, o in want:
+                del model[p, o]
+        for p in _TPS:
+            assert held.count(p) == sum(1 for q, _ in model if q == p)
+        assert held.next_due() == min(model.values(), default=None)
+        assert held.wait_ms(200, 0) == min([200, *model.values()])
+
+
+def test_a_held_retry_the_span_reached_is_requeued_once_acknowledged() -> None:
+    tp = TopicPartition("TXSTREAM_RETRY_g", 0)
+    offsets = _Offsets()
+    parts = Partitions(offsets, pull_threshold=10, max_span=3)
+    parts.positioned(frozenset({tp}))
+
+    def hold(offset: int) -> None:
+        assert offsets.take(tp, offset)
+        parts.held.hold(tp, 10**15, SimpleNamespace(offset=offset), Message("t", b""))
+
+    def refuse(rec: object) -> None:
+        raise SendFailed("broker away")
+
+    hold(0)
+    assert offsets.take(tp, 1, inflight=False) and offsets.take(tp, 2, inflight=False)
+    parts.requeue_past_span(refuse)  # not acknowledged: still held, still pinning the commit
+    assert parts.held.holds(tp, 0) and offsets.to_commit() == {tp: 0} and parts.full(tp, 3)
+    sent: list[int] = []
+    parts.requeue_past_span(lambda rec: sent.append(rec.offset))
+    assert sent == [0] and not parts.held.holds(tp, 0) and offsets.to_commit() == {tp: 3}
+    assert not parts.full(tp, 3)
+    for offset in (3, 4, 5):  # the span's worth held: requeued, they would come round again
+        hold(offset)
+    parts.requeue_past_span(lambda rec: sent.append(rec.offset))
+    assert sent == [0] and parts.full(tp, 6)
