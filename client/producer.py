@@ -103,8 +103,9 @@ class TransactionProducer:
       ``connect_timeout_s`` (10): ``start()`` raises BrokerUnavailable after this;
       ``check_threads`` (2) / ``check_queue_size`` (2000): the default check executor;
       ``answer_checks`` (True): join the group's check consumers;
-      ``check_grace_s`` (10): a check request this long past its ``CHECK_VALID_UNTIL`` is
-      superseded and not answered (room for the coordinator's clock to differ from this one).
+      ``check_grace_s`` (10): a check request this long past its ``CHECK_VALID_UNTIL`` on the
+      coordinator's clock (the newest request timestamp read) is superseded and not answered;
+      this producer's clock differing from the request timestamps by more is logged.
     """
 
     def __init__(
