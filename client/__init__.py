@@ -29,6 +29,7 @@ from txstream.errors import (
     ConfigError,
     InvalidMessage,
     SendFailed,
+    SendInDoubt,
     TxStreamError,
 )
 from txstream.kafka import KafkaSettings
@@ -61,4 +62,5 @@ __all__ = [
     "BrokerUnavailable",
     "ClientStateError",
     "SendFailed",
+    "SendInDoubt",
 ]

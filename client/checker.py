@@ -5,10 +5,11 @@ request reaches one of them. A request is answered on the check executor; its of
 committed only once the answer (an end event with ``from_check``) was acknowledged by the
 broker. A request whose answer failed, or that the full executor refused, is fetched again.
 
-A request that is superseded is not answered: one past its ``CHECK_VALID_UNTIL`` by more than
-``grace_ms`` (the next check of its transaction is out), or one older than a request for the
-same transaction read with it or before it. The coordinator would count no answer to it, and
-a producer returning after a long absence would otherwise answer a backlog.
+A request that is superseded is not answered (the rule: :mod:`client.check_choice`): one
+past its ``CHECK_VALID_UNTIL`` by more than ``grace_ms`` on the coordinator's clock (the
+newest request timestamp read), or one older than a request for the same transaction read
+with it or before it. The producer's own clock decides nothing; one that differs from the
+request timestamps by more than the grace is reported (a warning, at most once a minute).
 
 All consumer calls happen on the one polling thread (kafka-python's consumer is not
 thread-safe); executor threads only report back through the offset tracker. Rebalance
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_futures
@@ -29,6 +29,7 @@ from typing import Any
 from kafka import AsyncConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from client.check_choice import CheckChoice, Fetched, Verdict
 from client.offsets import OffsetTracker
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer
@@ -41,29 +42,13 @@ log = logging.getLogger(__name__)
 
 Answer = Callable[[Message, int], None]  # raises when the answer was not acknowledged
 
-# The transactions whose latest request number is remembered, to skip older ones read later.
-_REMEMBERED_TRANSACTIONS = 100_000
+# How often a producer whose clock differs from the coordinator's says so.
+_CLOCK_WARNING_INTERVAL_S = 60.0
 
 
-class _Latest:
-    """Per transaction, the highest check number taken (bounded: oldest forgotten first)."""
-
-    def __init__(self, capacity: int = _REMEMBERED_TRANSACTIONS) -> None:
-        self._numbers: OrderedDict[str, int] = OrderedDict()
-        self._capacity = capacity
-
-    def superseded(self, txid: str, number: int) -> bool:
-        return self._numbers.get(txid, 0) > number
-
-    def take(self, txid: str, number: int) -> bool:
-        """Record ``number`` as taken; False if it or a later one was taken already."""
-        if self._numbers.get(txid, 0) >= number:
-            return False
-        self._numbers[txid] = number
-        self._numbers.move_to_end(txid)
-        if len(self._numbers) > self._capacity:
-            self._numbers.popitem(last=False)
-        return True
+def _clock_ms() -> int:
+    """The producer's clock, as the rule is given it (looked up at each call: tests shift it)."""
+    return int(time.time() * 1000)
 
 
 class _Rebalance(AsyncConsumerRebalanceListener):
@@ -95,7 +80,7 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         r = self._responder
         r.offsets.forget(set(assigned))
         r.assignment = frozenset(r.assignment | set(assigned))
-        r.latest = _Latest()  # what is read again from the committed offsets is answered
+        r.choice.reset()  # what is read again from the committed offsets is answered
         r.joined.set()
         log.info("check consumer %s assigned %s", r.group_id,
                  sorted(tp.partition for tp in assigned))
@@ -131,11 +116,11 @@ class CheckResponder:
         self._executor = executor
         self._connect_timeout_ms = connect_timeout_ms
         self.drain_timeout_s = drain_timeout_s
-        self._grace_ms = grace_ms
         self._poll_timeout_ms = poll_timeout_ms
         self._consumer_options = consumer_options or {}
         self.offsets = OffsetTracker()
-        self.latest = _Latest()
+        self.choice = CheckChoice(grace_ms)
+        self._clock_warned_at: float | None = None
         self._futures: set[Future[None]] = set()
         self._futures_lock = threading.Lock()
         self.assignment: frozenset[TopicPartition] = frozenset()
@@ -221,40 +206,52 @@ class CheckResponder:
     def _take(self, tp: TopicPartition, records: list[Any]) -> bool:
         """Submit ``records`` in order, skipping superseded ones; return True if the executor
         refused one."""
-        requests: list[tuple[int, CheckRequest | None]] = []
+        fetched: list[Fetched] = []
         for rec in records:
             try:
-                requests.append((rec.offset, decode_check(rec.key, rec.value, rec.headers)))
+                req: CheckRequest | None = decode_check(rec.key, rec.value, rec.headers)
             except MalformedRecord as exc:
                 log.warning("skipping malformed check request %s-%d@%d: %s",
                             rec.topic, rec.partition, rec.offset, exc.reason)
-                requests.append((rec.offset, None))
-        newest: dict[str, int] = {}
-        for _, req in requests:
-            if req is not None and req.message.transaction_id:
-                txid = req.message.transaction_id
-                newest[txid] = max(newest.get(txid, 0), req.check_times)
-        now = int(time.time() * 1000)
-        for offset, req in requests:
-            if req is None or not self._current(req, newest, now):
-                if not self.offsets.take(tp, offset, inflight=False):
+                req = None
+            fetched.append(Fetched(req, rec.timestamp))
+        choice = self.choice.choose(fetched, _clock_ms())
+        self._report_clock(choice.clock_difference_ms)
+        for rec, (req, _), verdict in zip(records, fetched, choice.verdicts, strict=True):
+            if verdict is not Verdict.ANSWER or req is None:
+                if req is not None:
+                    log.debug("skipping check %d of %s: %s", req.check_times,
+                              req.message.transaction_id, verdict.value)
+                    self.skipped += 1
+                if not self.offsets.take(tp, rec.offset, inflight=False):
                     return False  # an earlier answer failed: rewind before going on
                 continue
-            if not self.offsets.take(tp, offset):
+            if not self.offsets.take(tp, rec.offset):
                 return False
-            if not self._submit(tp, offset, req):
+            if not self._submit(tp, rec.offset, req):
                 return True
         return False
 
-    def _current(self, req: CheckRequest, newest: dict[str, int], now: int) -> bool:
-        txid = req.message.transaction_id or ""
-        expired = req.valid_until is not None and now > req.valid_until + self._grace_ms
-        if expired or req.check_times < newest.get(txid, 0) or not self.latest.take(
-                txid, req.check_times):
-            log.debug("skipping superseded check %d of %s", req.check_times, txid)
-            self.skipped += 1
-            return False
-        return True
+    def _report_clock(self, difference_ms: int | None) -> None:
+        grace_ms = self.choice.grace_ms
+        if difference_ms is None or abs(difference_ms) <= grace_ms:
+            return
+        now = time.monotonic()
+        if (self._clock_warned_at is not None
+                and now - self._clock_warned_at < _CLOCK_WARNING_INTERVAL_S):
+            return
+        self._clock_warned_at = now
+        if difference_ms > 0:
+            log.warning("check consumer %s: this producer's clock is %.1fs ahead of the newest "
+                        "check request's timestamp (the coordinator's clock), more than the "
+                        "%.0fs grace, or the request waited that long unread; requests are "
+                        "judged on the coordinator's clock", self.group_id,
+                        difference_ms / 1000, grace_ms / 1000)
+        else:
+            log.warning("check consumer %s: this producer's clock is %.1fs behind the newest "
+                        "check request's timestamp (the coordinator's clock), more than the "
+                        "%.0fs grace; requests are judged on the coordinator's clock",
+                        self.group_id, -difference_ms / 1000, grace_ms / 1000)
 
     def _submit(self, tp: TopicPartition, offset: int, req: CheckRequest) -> bool:
         epoch = self.offsets.epoch(tp)
@@ -265,7 +262,7 @@ class CheckResponder:
                      req.message.transaction_id, exc)
             self.offsets.finish(tp, offset, ok=True)
             self.offsets.rewind(tp, offset)
-            self.latest = _Latest()  # it will be read again: do not take it for a repeat
+            self.choice.reset()  # it will be read again: do not take it for a repeat
             self.consumer.seek(tp, offset)
             return False
         with self._futures_lock:
@@ -294,7 +291,7 @@ class CheckResponder:
     def _rewind_failed(self) -> None:
         failed = self.offsets.pop_failed()
         if failed:
-            self.latest = _Latest()  # read again: answered again
+            self.choice.reset()  # read again: answered again
         for tp, offset in failed.items():
             if tp in self.assignment:
                 self.consumer.seek(tp, offset)

@@ -4,6 +4,10 @@
 runs the local transaction only then, and writes the end event, waiting for its
 acknowledgement too (RocketMQ sends it one-way). While started, the producer answers the
 coordinator's back-checks for its group (:mod:`client.checker`).
+
+A half message whose acknowledgement did not come may have been stored all the same
+(:class:`SendInDoubt`): a listener answers its back-check by transaction id, and finds none,
+since its local transaction never ran.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from client.options import (
     resolve_topics,
     timeout_ms,
 )
+from client.send_errors import not_sent, send_failure
 from client.validate import validate_message
 from txstream.errors import ClientStateError, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
@@ -42,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class SendStatus(str, Enum):
-    """RocketMQ's ``SendStatus``; a half message that was not stored raises instead."""
+    """RocketMQ's ``SendStatus``; a half message that was not acknowledged raises instead."""
 
     SEND_OK = "SEND_OK"
 
@@ -103,8 +108,9 @@ class TransactionProducer:
       ``connect_timeout_s`` (10): ``start()`` raises BrokerUnavailable after this;
       ``check_threads`` (2) / ``check_queue_size`` (2000): the default check executor;
       ``answer_checks`` (True): join the group's check consumers;
-      ``check_grace_s`` (10): a check request this long past its ``CHECK_VALID_UNTIL`` is
-      superseded and not answered (room for the coordinator's clock to differ from this one).
+      ``check_grace_s`` (10): a check request this long past its ``CHECK_VALID_UNTIL`` on the
+      coordinator's clock (the newest request timestamp read) is superseded and not answered;
+      this producer's clock differing from the request timestamps by more is logged.
     """
 
     def __init__(
@@ -247,8 +253,13 @@ class TransactionProducer:
     ) -> TransactionSendResult:
         """Send ``msg`` as a transactional message and run the local transaction.
 
-        Raises InvalidMessage / ClientStateError before anything is sent, and SendFailed when
-        the half message was not stored (the local transaction did not run then).
+        Raises InvalidMessage / ClientStateError before anything is sent; SendFailed when the
+        half message was not stored (the broker refused it, or it was never sent), and
+        SendInDoubt (a SendFailed) when it was sent but not acknowledged: it may have been
+        stored, and is then back-checked. ``exc.transaction_id`` names it. The local
+        transaction runs in neither case, so a check listener that looks the transaction id
+        up in what the local transactions recorded finds nothing and answers ROLLBACK; one
+        that answers by business key (``msg.keys``) would release a retried message twice.
         """
         if self._state is not _State.RUNNING:
             raise ClientStateError(f"producer {self.producer_group} is {self._state.value}: "
@@ -267,14 +278,14 @@ class TransactionProducer:
             producer_group=self.producer_group,
             born_timestamp=now_ms(),
         )
-        meta = self._send(encode_half(half, self.topics), f"half message of {txid}")
+        meta = self._send(encode_half(half, self.topics), "half message", txid, msg_id=txid)
         state, remark = call_for_state(
             lambda: listener.execute_local_transaction(half, arg),
             "executeLocalTransaction", txid,
         )
         end = EndEvent(txid, self.producer_group, state, remark=remark, born_timestamp=now_ms())
         try:
-            self._send(encode_end(end, self.topics), f"end event of {txid}")
+            self._send(encode_end(end, self.topics), "end event", txid)
             end_ok = True
         except SendFailed as exc:
             # The local transaction has run: raising would suggest it had not. A back-check
@@ -310,16 +321,19 @@ class TransactionProducer:
             )
         end = EndEvent(txid, self.producer_group, state, from_check=True,
                        check_times=check_times, remark=remark, born_timestamp=now_ms())
-        self._send(encode_end(end, self.topics), f"answer to check {check_times} of {txid}")
+        self._send(encode_end(end, self.topics), f"answer to check {check_times}", txid)
 
-    def _send(self, record: Record, what: str) -> Any:
+    def _send(self, record: Record, what: str, txid: str, msg_id: str | None = None) -> Any:
+        """Send ``record`` and wait for its acknowledgement: SendFailed if it was not stored,
+        SendInDoubt if it may have been."""
         try:
             future = self._producer.send(
                 record.topic, key=record.key, value=record.value, headers=list(record.headers)
             )
+        except Exception as exc:  # before it was handed to the I/O thread
+            raise not_sent(exc, what, txid) from exc
+        try:
             return future.get(timeout=self._send_timeout_ms / 1000 + 1)
         except Exception as exc:
-            raise SendFailed(
-                f"{what} not acknowledged by {self.settings.bootstrap_servers} within "
-                f"{self._send_timeout_ms / 1000:g}s: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise send_failure(exc, what, self.settings.bootstrap_servers,
+                               self._send_timeout_ms / 1000, txid, msg_id) from exc

@@ -60,7 +60,9 @@ class TransactionListenerImpl(TransactionListener):
         if status == 2:
             return LocalTransactionState.ROLLBACK_MESSAGE
         # As in the seed: a transaction this process does not know is committed. A real
-        # listener must look it up in durable storage instead.
+        # listener looks it up in durable storage instead, and answers ROLLBACK for one it
+        # does not find: a send that raised SendInDoubt may have stored a half message whose
+        # local transaction never ran.
         return LocalTransactionState.COMMIT_MESSAGE
 
 

@@ -7,6 +7,7 @@ check topic and read the answers (end events with ``from_check``) from the end t
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+import client.checker
 from client import (
     BoundedExecutor,
     LocalTransactionState,
@@ -65,13 +67,14 @@ class MapListener(TransactionListener):
         return answer  # type: ignore[return-value]
 
 
-def _request(txid: str, group: str, check_times: int, topics: Topics, **fields: object) -> Record:
+def _request(txid: str, group: str, check_times: int, topics: Topics,
+             valid_until: int | None = None, **fields: object) -> Record:
     msg = Message("TopicTest", f"body of {txid}".encode(), tags="TagA", keys=f"K-{txid}",
                   properties={"p": txid}, transaction_id=txid, msg_id=txid,
                   producer_group=group, born_timestamp=1_700_000_000_000)
     for name, value in fields.items():
         setattr(msg, name, value)
-    return encode_check(msg, check_times, topics)
+    return encode_check(msg, check_times, topics, valid_until)
 
 
 def _answers(kafka: KafkaSettings, topics: Topics) -> list[EndEvent]:
@@ -332,3 +335,39 @@ def test_full_executor_leaves_requests_to_be_fetched_again(
         gate.set()
         p.shutdown()
         executor.shutdown()
+
+
+@pytest.mark.parametrize("skew_s", [100, -100], ids=["ahead", "behind"])
+def test_a_producer_with_a_wrong_clock_judges_expiry_on_the_coordinators_clock(
+    kafka: KafkaSettings, topics: Topics, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, skew_s: int,
+) -> None:
+    """The requests carry the coordinator's clock (here: this machine's, as their record
+    timestamps); the producer's clock is ``skew_s`` off. A request within its validity is
+    answered, a stale one is not, and the difference is logged."""
+    real_clock = client.checker._clock_ms
+    monkeypatch.setattr(client.checker, "_clock_ms", lambda: real_clock() + skew_s * 1000)
+    listener = MapListener()
+    p = _producer(kafka, topics, listener)
+    try:
+        _joined(p)
+        with caplog.at_level(logging.WARNING, logger="client.checker"):
+            now = int(time.time() * 1000)
+            produce(kafka, [_request("tx-live", "pg_check", 1, topics, valid_until=now + 2000)])
+            (live,) = _wait_answers(kafka, topics, 1)
+            assert live.transaction_id == "tx-live"
+            # Written 70 s ago and valid until 68 s ago: tx-live, read since, is newer.
+            produce(kafka, [_request("tx-stale", "pg_check", 1, topics,
+                                     valid_until=now - 68_000)], timestamp_ms=now - 70_000)
+        stale = {r.key: r for r in read_topic(kafka, p.check_topic)}[b"tx-stale"]
+        wait_until(lambda: (_committed(kafka, p.check_group_id, p.check_topic)
+                            [stale.partition] or 0) > stale.offset, timeout_s=20)
+        time.sleep(0.5)  # an answer to it would be written by now
+        assert [a.transaction_id for a in _answers(kafka, topics)] == ["tx-live"]
+        assert [m.transaction_id for m in listener.asked] == ["tx-live"]
+        word = "ahead of" if skew_s > 0 else "behind"
+        said = re.search(rf"clock is ([0-9.]+)s {word} the newest check request", caplog.text)
+        assert said, caplog.text
+        assert abs(float(said.group(1)) - abs(skew_s)) < 5
+    finally:
+        p.shutdown()

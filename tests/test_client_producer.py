@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,16 +22,18 @@ from client import (
     LocalTransactionState,
     Message,
     SendFailed,
+    SendInDoubt,
     SendStatus,
     TransactionListener,
     TransactionProducer,
 )
 from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
+from txstream.outputs import encode_check
 from txstream.topics import Topics
 from txstream.wire import decode_end, decode_half
 
-from kafka_helpers import read_topic
+from kafka_helpers import produce, read_topic, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -235,7 +241,7 @@ def test_unreachable_broker_fails_start_within_the_timeout() -> None:
     assert 1.0 <= elapsed < 5.0, elapsed
 
 
-def test_half_not_stored_raises_and_skips_the_local_transaction() -> None:
+def test_half_not_acknowledged_raises_in_doubt_and_skips_the_local_transaction() -> None:
     listener = ScriptedListener()
     with EmbeddedBroker() as own:
         p = TransactionProducer("pg", own.bootstrap_servers, listener, send_timeout_s=1.0,
@@ -247,9 +253,11 @@ def test_half_not_stored_raises_and_skips_the_local_transaction() -> None:
         own._proc.kill()
         own._proc.wait()
         t0 = time.monotonic()
-        with pytest.raises(SendFailed, match="half message"):
+        with pytest.raises(SendInDoubt, match=r"half message of [0-9A-F]{32} not ack") as caught:
             p.send_message_in_transaction(Message("TopicTest", b"commit"))
         assert time.monotonic() - t0 < 5.0
+        # Sent, not acknowledged: the client cannot tell a dead broker from a lost answer.
+        assert caught.value.transaction_id and caught.value.msg_id == caught.value.transaction_id
         assert len(listener.calls) == 1  # only the first, stored one ran
         p.shutdown()
 
@@ -278,3 +286,80 @@ def test_concurrent_senders_get_distinct_transactions(
     ends = [decode_end(r.key, r.value, r.headers) for r in _records(kafka, topics.end)]
     assert halves == ids
     assert {e.transaction_id for e in ends} == ids and len(ends) == 200
+
+
+def test_a_half_refused_before_it_was_sent_raises_plain_send_failed(
+    kafka: KafkaSettings, topics: Topics
+) -> None:
+    listener = ScriptedListener()
+    p = TransactionProducer("pg_send", kafka.bootstrap_servers, listener, topics=topics,
+                            answer_checks=False, kafka_properties={"max.request.size": "600"})
+    with p, pytest.raises(SendFailed, match=r"not sent: .*MessageSizeTooLargeError") as caught:
+        p.send_message_in_transaction(Message("TopicTest", b"x" * 1000))
+    assert type(caught.value) is SendFailed  # not in doubt: it never left the process
+    assert listener.calls == [] and _records(kafka, topics.half) == []
+
+
+@contextlib.contextmanager
+def _paused(broker: EmbeddedBroker) -> Iterator[None]:
+    """The broker process stopped (SIGSTOP): connections stay open, requests wait unread."""
+    assert broker.pid is not None
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+
+
+class Orders(TransactionListener):
+    """The README's listener: the local transaction records its transaction id, and a check
+    is answered by looking it up (unknown: its local transaction never ran)."""
+
+    def __init__(self) -> None:
+        self.paid: dict[str, object] = {}  # transaction id -> order: the "database"
+
+    def execute_local_transaction(self, msg: Message, arg: object) -> S:
+        self.paid[msg.transaction_id or ""] = arg
+        return S.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg: Message) -> S:
+        return S.COMMIT_MESSAGE if msg.transaction_id in self.paid else S.ROLLBACK_MESSAGE
+
+
+def test_a_half_sent_to_a_paused_broker_is_in_doubt_stored_and_its_check_rolls_back() -> None:
+    """A send whose answer never came raises SendInDoubt naming the transaction; the broker,
+    resumed, stores the half message all the same. The application retries (a new
+    transaction); the coordinator's check of the first one is answered ROLLBACK by a listener
+    that answers by transaction id, so the order is released once."""
+    listener, topics = Orders(), Topics.with_prefix(f"p{uuid.uuid4().hex[:8]}_")
+    with EmbeddedBroker() as own:
+        kafka = KafkaSettings(bootstrap_servers=own.bootstrap_servers)
+        with TransactionProducer("pg_doubt", own.bootstrap_servers, listener, topics=topics,
+                                 send_timeout_s=1.0) as p:
+            p.send_message_in_transaction(Message("Orders", b"order 1"), "order-1")
+            wait_until(lambda: p.check_partitions, timeout_s=30)
+            with _paused(own), pytest.raises(SendInDoubt) as caught:
+                p.send_message_in_transaction(Message("Orders", b"order 2"), "order-2")
+            doubt = caught.value.transaction_id
+            assert doubt and doubt in str(caught.value) and "may have been stored" in str(
+                caught.value)
+            assert doubt not in listener.paid  # its local transaction did not run
+            retried = p.send_message_in_transaction(Message("Orders", b"order 2"), "order-2")
+
+            stored = wait_until(lambda: (h := read_topic(kafka, topics.half)) and len(h) == 3
+                                and h, timeout_s=20)
+            halves = {r.key.decode(): r for r in stored}
+            assert doubt in halves, "the paused broker stored the half message it was sent"
+            # Play the coordinator: check the in-doubt transaction, as it would.
+            rec = halves[doubt]
+            produce(kafka, [encode_check(decode_half(rec.key, rec.value, rec.headers), 1,
+                                         topics)])
+            answer = wait_until(lambda: [e for e in (decode_end(r.key, r.value, r.headers)
+                                                     for r in read_topic(kafka, topics.end))
+                                         if e.transaction_id == doubt], timeout_s=40)
+        assert [(e.decision, e.from_check) for e in answer] == [(S.ROLLBACK_MESSAGE, True)]
+        commits = [e.transaction_id for e in (decode_end(r.key, r.value, r.headers)
+                                              for r in read_topic(kafka, topics.end))
+                   if e.decision is S.COMMIT_MESSAGE]
+        assert sorted(listener.paid.values()) == ["order-1", "order-2"]
+        assert len(commits) == 2 and retried.transaction_id in commits and doubt not in commits

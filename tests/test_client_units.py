@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kafka import TopicPartition
+from kafka import errors as kafka_errors
 
 import client
 from client import (
@@ -18,8 +19,11 @@ from client import (
     LocalTransactionState,
     Message,
     RejectedExecution,
+    SendFailed,
+    SendInDoubt,
     Subscription,
     Topics,
+    TxStreamError,
 )
 from client.consume_partitions import Partitions
 from client.listener import call_for_state
@@ -34,8 +38,9 @@ from client.retry import (
     retry_record,
 )
 from client.retry_hold import HeldRetries
+from client.send_errors import not_sent, send_failure
 from client.validate import validate_message
-from txstream.errors import ConfigError, SendFailed
+from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 
@@ -262,3 +267,55 @@ def test_a_held_retry_the_span_reached_is_requeued_once_acknowledged() -> None:
         hold(offset)
     parts.requeue_past_span(lambda rec: sent.append(rec.offset))
     assert sent == [0] and parts.full(tp, 6)
+
+
+# The broker's answers that mean the record was not appended; anything else is in doubt.
+REFUSED_SENDS = [
+    kafka_errors.MessageSizeTooLargeError("too big"),
+    kafka_errors.RecordListTooLargeError(),
+    kafka_errors.InvalidTopicError("bad name"),
+    kafka_errors.TopicAuthorizationFailedError("Orders"),
+    kafka_errors.ClusterAuthorizationFailedError("no idempotent writes"),
+    kafka_errors.InvalidRecordError("record 0 invalid"),
+    kafka_errors.CorruptRecordError(),
+    kafka_errors.InvalidTimestampError(),
+    kafka_errors.UnsupportedForMessageFormatError(),
+    kafka_errors.InvalidRequiredAcksError(),
+    kafka_errors.UnsupportedVersionError(),
+]
+IN_DOUBT_SENDS = [
+    kafka_errors.KafkaTimeoutError("Batch for Orders-0 containing 1 record(s) expired"),
+    kafka_errors.RequestTimedOutError("Request timed out after 999 ms"),
+    kafka_errors.KafkaConnectionError("connection lost"),
+    kafka_errors.NotLeaderForPartitionError(),
+    kafka_errors.NotEnoughReplicasAfterAppendError(),  # appended on the leader
+    kafka_errors.NotEnoughReplicasError(),  # retried: an earlier attempt may have gone in
+    kafka_errors.UnknownTopicOrPartitionError(),
+    kafka_errors.OutOfOrderSequenceNumberError(),
+    kafka_errors.ProducerFencedError(),
+    # A batch refused for another record's sake: kafka-python says so only in prose.
+    kafka_errors.KafkaError("Failed to append record because it was part of a batch which "
+                            "had one more more invalid records"),
+    RuntimeError("anything else"),
+]
+
+
+@pytest.mark.parametrize("exc", REFUSED_SENDS + IN_DOUBT_SENDS, ids=lambda e: type(e).__name__)
+def test_a_failed_send_is_refused_for_sure_or_in_doubt(exc: BaseException) -> None:
+    err = send_failure(exc, "half message", "broker:9092", 3.0, "TX1", "TX1")
+    assert isinstance(err, SendFailed) and isinstance(err, TxStreamError)
+    assert type(exc).__name__ in str(err) and str(err).startswith("half message of TX1 ")
+    if exc in REFUSED_SENDS:
+        assert type(err) is SendFailed and "refused by broker:9092" in str(err)
+    else:
+        assert isinstance(err, SendInDoubt)
+        assert (err.transaction_id, err.msg_id) == ("TX1", "TX1")
+        assert "not acknowledged by broker:9092 within 3s; it may have been stored" in str(err)
+
+
+def test_a_send_that_raised_before_sending_is_not_in_doubt() -> None:
+    err = not_sent(kafka_errors.KafkaTimeoutError("Failed to update metadata after 3.0 secs."),
+                   "half message", "TX2")
+    assert type(err) is SendFailed
+    assert str(err) == ("half message of TX2 not sent: KafkaTimeoutError: Failed to update "
+                        "metadata after 3.0 secs.")

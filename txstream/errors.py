@@ -10,6 +10,7 @@ __all__ = [
     "BrokerUnavailable",
     "ClientStateError",
     "SendFailed",
+    "SendInDoubt",
     "ReadFailed",
 ]
 
@@ -45,7 +46,20 @@ class ClientStateError(TxStreamError, RuntimeError):
 
 
 class SendFailed(TxStreamError, RuntimeError):
-    """The broker did not acknowledge a record."""
+    """The broker did not acknowledge a record. The client's producer raises it as itself only
+    when the record was not stored (refused, or never sent), else :class:`SendInDoubt`."""
+
+
+class SendInDoubt(SendFailed):
+    """A record was sent but its acknowledgement never came (a timeout, a lost connection):
+    the broker may have stored it all the same. For a half message, ``transaction_id`` and
+    ``msg_id`` name it: if it was stored, the coordinator back-checks it."""
+
+    def __init__(self, message: str, *, transaction_id: str | None = None,
+                 msg_id: str | None = None) -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id
+        self.msg_id = msg_id
 
 
 class ReadFailed(TxStreamError, RuntimeError):
