@@ -78,6 +78,7 @@ class Observed:
     discards: dict[str, str] = field(default_factory=dict)
     dead_letters: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     dead_letter_codes: Counter[str] = field(default_factory=Counter)
+    dead_letter_list: list[tuple[str, str]] = field(default_factory=list)
     on_topic: Counter[str] = field(default_factory=Counter)
     bodies_on_topic: Counter[bytes] = field(default_factory=Counter)
     real_records: int = 0
@@ -99,8 +100,10 @@ class Observed:
         for r in read_whole(kafka, topics.dead_letter):
             h = header_dict(r.headers)
             o.dead_letter_codes[h.get(H.DLQ_CODE, "?")] += 1
-            told = (f"{h.get(H.DLQ_CODE)}: {h.get(H.DLQ_REASON)} "
-                    f"(topic {h.get(H.DLQ_ORIGIN_TOPIC)})")
+            told = (f"{h.get(H.DLQ_CODE)}: {h.get(H.DLQ_REASON)} (origin "
+                    f"{h.get(H.DLQ_ORIGIN_TOPIC)}/{h.get(H.DLQ_ORIGIN_PARTITION)}@"
+                    f"{h.get(H.DLQ_ORIGIN_OFFSET)})")
+            o.dead_letter_list.append((_key(r) or h.get(H.UNIQ_KEY, ""), told))
             # A release's dead letter is keyed by the message's KEYS: its ids are in headers.
             for txid in {_key(r), h.get(H.UNIQ_KEY), h.get(H.TRANSACTION_ID)} - {"", None}:
                 o.dead_letters[str(txid)].append(told)
@@ -186,8 +189,11 @@ class Verdict:
             if stored and not outcomes:
                 self._fail("pending", tx, f"decision {tx.decision}, ends {o.ends.get(tx.txid)}")
             if tx.decision == COMMIT and outcomes and on_topic == 0:  # pending: above
-                self._fail("lost", tx, f"{tx.how_committed()}; outcomes {outcomes}; "
-                           f"body on a real topic {o.bodies_on_topic[tx.body]} times")
+                half = o.halves[tx.txid][0]
+                self._fail("lost", tx, f"{tx.how_committed()}; outcomes {outcomes}; half "
+                           f"message still stored at {half.topic}/{half.partition}@"
+                           f"{half.offset}; body on a real topic "
+                           f"{o.bodies_on_topic[tx.body]} times")
             if tx.decision != COMMIT and on_topic:
                 self._fail("visible_rollback", tx, f"decision {tx.decision}, hung {tx.hung}, "
                            f"on the real topic {on_topic} times")
@@ -272,5 +278,8 @@ class Verdict:
                 lines += [f"    dead letter {d}" for d in self.o.dead_letters.get(txid, ())]
                 if txid in self.o.discards:
                     lines.append(f"    discard: {self.o.discards[txid]}")
+        if self.o.dead_letter_list:
+            lines.append(f"dead letters: {len(self.o.dead_letter_list)}")
+            lines += [f"  {key}: {told}" for key, told in self.o.dead_letter_list[:SHOWN]]
         lines.append(f"replay: {replay}")
         return "\n".join(lines)

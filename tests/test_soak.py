@@ -111,6 +111,7 @@ def test_soak_keeps_the_promise_under_faults(tmp_path: Path,
         for exit_ in faults.unplanned:
             print(f"unplanned: {exit_}", flush=True)
     if verdict.failures:
-        pytest.fail(f"the promise was broken (seed {SEED}):\n"
-                    f"{verdict.failure_report(_replay_command())}\nlogs: {tmp_path}",
+        report = verdict.failure_report(_replay_command())
+        (tmp_path / "report.txt").write_text(f"{summary}\n{report}\n")
+        pytest.fail(f"the promise was broken (seed {SEED}):\n{report}\nlogs: {tmp_path}",
                     pytrace=False)

@@ -16,7 +16,7 @@ COMMIT, ROLLBACK, UNKNOW = "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"
 
 
 def _record(key: str, body: bytes = b"b", **headers: str) -> Any:
-    return SimpleNamespace(key=key.encode(), value=body, partition=0, offset=0,
+    return SimpleNamespace(key=key.encode(), value=body, topic="HALF", partition=0, offset=7,
                            headers=[(k, v.encode()) for k, v in headers.items()])
 
 
@@ -104,6 +104,7 @@ def test_the_report_tells_how_a_lost_commit_was_made_its_story_and_the_replay() 
     verdict = run.verdict()
     report = verdict.failure_report("TXSTREAM_SOAK_SEED=7 replay")
     assert "L1: COMMIT end event acknowledged" in report
+    assert "half message still stored at HALF/0@7" in report
     assert '"event": "half"' in report and "HALF_MESSAGE_LOST" in report
     assert "end event COMMIT_MESSAGE" in report
     assert report.endswith("replay: TXSTREAM_SOAK_SEED=7 replay")
