@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint demo bench clean
+.PHONY: setup run test soak lint demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fault-injection soak (tests/test_soak.py), 10 minutes of faults by default.
+soak: setup
+	TXSTREAM_SOAK_SECONDS=$${TXSTREAM_SOAK_SECONDS:-600} $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/txstream bench

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["descendants", "CoordinatorProcess", "S3Server", "batch_ids", "in_flight_batch"]
+__all__ = ["descendants", "CoordinatorProcess", "S3Server", "batch_ids", "in_flight_batch",
+           "script_process", "pause"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -155,6 +156,25 @@ class CoordinatorProcess:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+def script_process(script: Path, args: Sequence[str], log_path: Path,
+                   env: dict[str, str] | None = None) -> CoordinatorProcess:
+    """Any Python script of the repository (a client process of a fault test), in a process
+    tree killed and stopped as a coordinator's is; the repository is on its path."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return CoordinatorProcess(args, log_path, command=(sys.executable, str(script)),
+                              env={"PYTHONPATH": path, **(env or {})})
+
+
+def pause(pid: int, seconds: float) -> None:
+    """SIGSTOP ``pid`` for ``seconds``, then SIGCONT: a process that hangs (a broker stalled on
+    its disk, a long pause of its runtime) and comes back as it was, connections and all."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 class S3Server:
