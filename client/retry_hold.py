@@ -1,5 +1,5 @@
 """Retry records read before they are due, held until they are
-(docs/decisions/0022-retry-records-held-until-due.md).
+(docs/decisions/0024-retry-records-held-until-due.md).
 
 The records of one retry partition are not in due order: a message retried for the 16th time
 (due in 2 h) may lie before one retried for the first time (due in 10 s). So the polling thread

@@ -46,7 +46,15 @@ def describe(note: dict[str, Any]) -> str:
         return (f"{decision}{how}: still unknown, {note.get('checks_answered')} check(s) "
                 f"answered{remark}")
     if event == "released":
+        if note.get("again"):
+            return "half message sent again: released to its real topic"
         return f"{decision}{how}: released to its real topic{remark}"
+    if event == "release_lost":
+        return (f"{decision}{how}: NOT released: the body of its half message "
+                f"{note.get('reason')}; see its dead letter (HALF_MESSAGE_LOST). Sending the "
+                f"half message again releases it")
+    if event == "body_gone":
+        return f"the body of its half message {note.get('reason')}"
     if event == "rolled_back":
         return f"{decision}{how}: rolled back, never visible{remark}"
     if event == "end_before_half":

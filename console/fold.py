@@ -28,10 +28,14 @@ class Status:
     EXPIRED = "EXPIRED"  # its end events waited for a half message that never came
     UNSEEN = "UNSEEN"  # on the half topic; the coordinator wrote nothing about it yet
     REFUSED = "REFUSED"  # its half message went to the dead-letter topic
+    # Committed, but its half message's body was gone: nothing released (a dead letter says
+    # so); sending the half message again releases it.
+    LOST = "LOST"
 
     OPEN = (PENDING, EARLY_END)
-    RESOLVED = (COMMITTED, ROLLED_BACK, DISCARDED)
-    ALL = (PENDING, EARLY_END, UNSEEN, COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, REFUSED)
+    RESOLVED = (COMMITTED, ROLLED_BACK, DISCARDED, LOST)
+    ALL = (PENDING, EARLY_END, UNSEEN, COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, REFUSED,
+           LOST)
 
 
 @dataclass(slots=True)
@@ -50,7 +54,7 @@ class TxRow:
     checks_sent: int = 0
     checks_answered: int = 0
     next_check_ms: int | None = None
-    outcome: str | None = None  # released, rolled_back, discarded, expired
+    outcome: str | None = None  # released, rolled_back, discarded, expired, release_lost
     reason: str | None = None  # why: the discard's or expiry's reason, an operator's remark
     operator: str | None = None  # who resolved it by hand
     updated_ms: int | None = None  # time of the latest entry
@@ -59,7 +63,8 @@ class TxRow:
 COLUMNS = tuple(f.name for f in fields(TxRow))
 
 _FINAL_NOTES = {"released": Status.COMMITTED, "rolled_back": Status.ROLLED_BACK,
-                "discarded": Status.DISCARDED, "expired": Status.EXPIRED}
+                "discarded": Status.DISCARDED, "expired": Status.EXPIRED,
+                "release_lost": Status.LOST}
 
 
 def _int(value: Any) -> int | None:
@@ -139,7 +144,7 @@ def _fold_record(row: TxRow, entry: Entry) -> None:
         row.status = row.status or Status.UNSEEN
     elif entry.source == Source.DISCARD:
         _fill_message(row, h)
-        if row.status not in (Status.COMMITTED, Status.ROLLED_BACK):
+        if row.status not in (Status.COMMITTED, Status.ROLLED_BACK, Status.LOST):
             row.status, row.outcome, row.next_check_ms = Status.DISCARDED, "discarded", None
             row.reason = row.reason or _text(h.get(H.DISCARD_REASON))
         row.checks_answered = max(row.checks_answered, _int(h.get(H.CHECK_TIMES)) or 0)

@@ -16,9 +16,6 @@ A replayed batch writes nothing twice: its records carry the ids the operator ga
 what is already on its topics and leaves those records out (:mod:`sinks.replay`). Option
 ``replay_check=false`` turns that off (measurements only: a restart then duplicates).
 
-A row whose body lies in the half topic (a held half message's release, check or discard) gets
-it read back first, all of a task's at once (:mod:`sinks.bodies`).
-
 A row with ``not_before_ms`` (a timer's record made ahead of its deadline) is sent no earlier
 than that: a back-check never reaches a producer before its transaction's check time.
 
@@ -44,7 +41,6 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from sinks.bodies import BodySource, with_bodies
 from sinks.delivery import Delivery, Prepared, make_sink_producer
 from sinks.replay import replay_suspected, written_ids
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
@@ -81,8 +77,6 @@ class SinkOptions:
     # None: such a record fails the batch.
     dead_letter_topic: str | None = None
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
-    # Where the bodies of held half messages are read back from (sinks.bodies).
-    half_topic: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -138,12 +132,18 @@ def _rows(batches: Iterator[Any]) -> list[OutputRow]:
 
 
 def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepared]:
-    """The rows a crashed run of this batch did not write (all, when no row has an id)."""
+    """The rows a crashed run of this batch did not write (all, when no row has an id).
+
+    A record the broker refused went to the dead-letter topic under its own id
+    (:mod:`sinks.delivery`): its id is looked for there too, so a replay neither dead-letters
+    it twice nor writes it after all."""
     wanted: dict[str, set[str]] = {}
     batch_ms: int | None = None
     for row, _ in rows:
         if row.record_id is not None and row.batch_ms is not None:
             wanted.setdefault(row.topic, set()).add(row.record_id)
+            if options.dead_letter_topic and row.topic != options.dead_letter_topic:
+                wanted.setdefault(options.dead_letter_topic, set()).add(row.record_id)
             batch_ms = row.batch_ms if batch_ms is None else min(batch_ms, row.batch_ms)
     if batch_ms is None:
         return rows
@@ -185,11 +185,6 @@ def _checked(rows: list[OutputRow]) -> list[Prepared]:
     return ready
 
 
-def _with_bodies(options: SinkOptions, rows: list[Prepared]) -> list[Prepared]:
-    source = BodySource(options.kafka, options.half_topic) if options.half_topic else None
-    return with_bodies(source, rows, options.dead_letter_topic, options.max_message_bytes)
-
-
 def _delivery(options: SinkOptions) -> Delivery:
     return Delivery(options.kafka, options.flush_timeout_s, options.dead_letter_topic,
                     options.max_message_bytes)
@@ -205,7 +200,7 @@ def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
     if options.replay_check and replay_suspected():
         ready = _not_yet_written(options, ready)
     delivery = _delivery(options)
-    delivery.send(_with_bodies(options, ready))
+    delivery.send(ready)
     return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms)
 
 
@@ -223,7 +218,7 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     for batch in batches:
         rows, ms = _split_timers(_rows([batch]), timers)
         batch_ms = ms if ms is not None else batch_ms
-        delivery.send(_with_bodies(options, _checked(rows)))
+        delivery.send(_checked(rows))
     return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms)
 
 

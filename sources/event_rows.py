@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from state.keys import UNROUTABLE, KeyLayout, state_key
+from state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout, state_key
 from txstream.schema import EVENT_COLUMNS, EventKind, EventRow
 from txstream.wire import pack_headers
 
-__all__ = ["route", "record_row", "unreadable_row", "rows_to_batch", "arrow_schema",
-           "NUM_COLUMNS"]
+__all__ = ["route", "record_row", "unreadable_row", "outcome_row", "progress_row",
+           "rows_to_batch", "arrow_schema", "event_struct", "NUM_COLUMNS"]
 
 NUM_COLUMNS = len(EVENT_COLUMNS)
 
@@ -45,13 +45,48 @@ def record_row(
     """One record of the half (``is_half``) or end topic as a row; never raises."""
     return EventRow(route(key, layout), EventKind.HALF if is_half else EventKind.END,
                     partition, offset, key, value, pack_headers(headers or ()), None,
-                    timestamp if timestamp is not None and timestamp >= 0 else None)
+                    timestamp if timestamp is not None and timestamp >= 0 else None, None)
 
 
 def unreadable_row(is_half: bool, partition: int, offset: int, error: str) -> EventRow:
     """A record the Kafka client could not parse: only where it lay and why is known."""
     return EventRow(UNROUTABLE, EventKind.HALF if is_half else EventKind.END, partition, offset,
-                    None, None, None, error, None)
+                    None, None, None, error, None, None)
+
+
+def outcome_row(transaction_id: str, status: str, partition: int, offset: int,
+                layout: KeyLayout) -> EventRow:
+    """A transaction's outcome recovered from the history topic (``partition``/``offset``:
+    the history record it came from), routed to the transaction's state key."""
+    key = transaction_id.encode("utf-8")
+    return EventRow(route(key, layout), EventKind.OUTCOME, partition, offset, key,
+                    status.encode("ascii"), None, None, None, None)
+
+
+def progress_row(ends_read_ms: int) -> EventRow:
+    """The batch's progress time (:mod:`sources.progress`), as the watermark column wants it
+    (microseconds)."""
+    return EventRow(PROGRESS_KEY, EventKind.PROGRESS, -1, -1, None, None, None, None, None,
+                    ends_read_ms * 1000)
+
+
+def event_struct() -> Any:
+    """``EVENT_SCHEMA`` as the StructType Spark hands the reader, built without a JVM (parsing
+    the DDL would need one): for tests and the simulation, which run no Spark."""
+    from pyspark.sql.types import (
+        BinaryType,
+        ByteType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
+             "binary": BinaryType(), "string": StringType(), "timestamp": TimestampType()}
+    return StructType([StructField(name, types[kind]) for name, kind in EVENT_COLUMNS])
 
 
 def arrow_schema(spark_schema: Any) -> Any:

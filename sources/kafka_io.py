@@ -74,6 +74,9 @@ class SourceOptions:
     # The coordinator's timer schedule (txstream.timer_schedule): the source ticks when a timer
     # is due. None: no ticks (a query without timers, or with Spark's no-data batches on).
     timer_file: str | None = None
+    # The history topic, read back by a new checkpoint over used topics before anything else
+    # (sources.journal). None: no recovery (a new checkpoint then reads the topics afresh).
+    journal_topic: str | None = None
 
     def __post_init__(self) -> None:
         validate_topic(self.half_topic)
@@ -98,18 +101,20 @@ class SourceOptions:
 
 @dataclass(frozen=True)
 class TopicSlice(InputPartition):
-    """One Spark task: the records ``[start, end)`` of one topic-partition."""
+    """One Spark task: the records ``[start, end)`` of one topic-partition; ``kind`` says
+    which (``EventKind.HALF``, ``END``, or ``OUTCOME``: the history topic read back)."""
 
     topic: str
     partition: int
     start: int
     end: int
-    is_half: bool
+    kind: int
 
 
 @dataclass(frozen=True)
 class SliceGroup(InputPartition):
-    """One Spark task reading several slices in turn.
+    """One Spark task reading several slices in turn; the first group of a batch also emits
+    the batch's progress row (``ends_read``, :mod:`sources.progress`).
 
     A task costs a fixed ~80 ms here however little it reads; one task per topic-partition
     (4 by default: 2 half, 2 end) ran in two waves on 2 cores, so slices are grouped into as
@@ -117,6 +122,7 @@ class SliceGroup(InputPartition):
     """
 
     slices: tuple[TopicSlice, ...]
+    ends_read: int | None = None
 
 
 def group_slices(slices: list[TopicSlice], tasks: int) -> list[SliceGroup]:

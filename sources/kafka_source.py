@@ -17,17 +17,22 @@ Options (strings, as Spark passes them):
 - ``key_layout``: JSON of ``state.keys.KeyLayout.as_dict()``: how records map to state keys.
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
 - ``fail_on_data_loss`` (true): fail when a partition ends below the checkpoint (the broker lost
-  records); false reads such a partition again from offset 0.
+  records); false reads such a partition again from offset 0, after a recovery from
+  ``journal_topic``.
 - ``read_tasks`` (2): Spark tasks per micro-batch; the topic-partitions are grouped into them.
 - ``check_crcs`` (true): kafka-python's record CRC check, pure Python unless ``crc32c`` is
   installed.
 - ``timer_file``: the coordinator's timer schedule (:mod:`txstream.timer_schedule`). With it
   the offset also holds a tick, ``"_tick": {"at": ms, "known": 1}``, moved when a timer is due,
   so that Spark runs a batch for it with its no-data batches off.
+- ``journal_topic``: the history topic. A new checkpoint over half and end topics that hold
+  records reads the outcomes it holds first (:mod:`sources.journal`).
 
-The stream offset is ``{topic: {str(partition): next_offset}}``, so a restart from the
-checkpoint reads exactly the records after the last committed batch. End offsets come from
-the fetch high watermark: tansu answers ``ListOffsets`` wrongly.
+The stream offset is ``{topic: {str(partition): next_offset}}`` (:mod:`sources.offsets`), so a
+restart from the checkpoint reads exactly the records after the last committed batch; with the
+tick, the progress time (every batch carries a PROGRESS row of it: :mod:`sources.progress`)
+and a recovery in progress. End offsets come from the fetch high watermark: tansu answers
+``ListOffsets`` wrongly.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +52,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from sources.event_rows import arrow_schema, record_row, rows_to_batch, unreadable_row
+from sources.event_rows import (
+    arrow_schema,
+    progress_row,
+    record_row,
+    rows_to_batch,
+    unreadable_row,
+)
+from sources.journal import JOURNAL, Journal, outcome_rows
 from sources.kafka_io import (
     ROWS_PER_BATCH,
     SliceGroup,
@@ -61,8 +73,10 @@ from sources.kafka_io import (
     high_watermarks,
     read_slice,
 )
+from sources.offsets import Offsets, canonical, records_of, spread_budget
+from sources.progress import ENDS_READ, ProgressClock
 from txstream.kafka.provision import create_command, ensure_topics, topic_spec
-from txstream.schema import EVENT_SCHEMA, EventRow
+from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import TICK, Schedule, next_tick
 from txstream.topics import HALF_TOPIC, Topics
@@ -84,70 +98,27 @@ log = logging.getLogger(__name__)
 
 SOURCE_NAME = "txstream-events"
 
-# {topic: {str(partition): next offset to read}}: JSON-able, as Spark stores it in the checkpoint.
-Offsets = dict[str, dict[str, int]]
-
-
-# --- offsets ---------------------------------------------------------------------------------
-
-
-def spread_budget(available: Sequence[int], budget: int) -> list[int]:
-    """Split ``budget`` rows over partitions with ``available`` rows each, max-min fairly.
-
-    Every partition gets an equal share, a partition needing less gives the rest back to the
-    others; rows left over after the even split go to the partitions furthest behind, so a
-    budget smaller than the number of partitions still reaches every partition in turn.
-    """
-    take = [0] * len(available)
-    left = max(0, budget)
-    active = [i for i, a in enumerate(available) if a > 0]
-    while left > 0 and active:
-        share = left // len(active)
-        if share == 0:
-            behind = sorted(active, key=lambda i: (take[i] - available[i], i))
-            for i in behind[:left]:
-                take[i] += 1
-            break
-        for i in active:
-            add = min(share, available[i] - take[i])
-            take[i] += add
-            left -= add
-        active = [i for i in active if take[i] < available[i]]
-    return take
-
-
-def _canonical(offsets: Mapping[str, Mapping[str, int]], topics: Sequence[str],
-               tick: Mapping[str, int] | None = None) -> Offsets:
-    # Spark compares offsets as JSON text: one key order, always, or "no new data" looks new.
-    out: Offsets = {}
-    for topic in topics:
-        parts = offsets.get(topic, {})
-        out[topic] = {p: int(parts[p]) for p in sorted(parts, key=int)}
-    if tick is not None:
-        out[TICK] = {"at": int(tick["at"]), "known": int(tick["known"])}
-    return out
-
-
-def _records(offsets: Mapping[str, Mapping[str, int]]) -> dict[str, Mapping[str, int]]:
-    """The topic-partition offsets, without the tick."""
-    return {topic: parts for topic, parts in offsets.items() if topic != TICK}
 
 
 class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches from high watermarks (driver side) and reads them (workers)."""
 
     # How often the partition lists are re-read, to pick up partitions added to a topic.
-    PARTITION_REFRESH_S = 10.0
+    PARTITION_REFRESH_MS = 10_000
 
-    def __init__(self, options: SourceOptions, schema: Any) -> None:
+    def __init__(self, options: SourceOptions, schema: Any,
+                 clock: Callable[[], int] | None = None) -> None:
         # Workers construct a reader just to call read(): nothing here may touch Kafka.
         self.options = options
         self.schema = schema
+        # The driver's clock (ms): the tick's and the progress time's (a simulation gives its own).
+        self._clock = clock or (lambda: int(time.time() * 1000))
         self._partitions: dict[str, list[int]] = {}
-        self._partitions_at = 0.0
+        self._partitions_at: int | None = None
         self._known_end: dict[tuple[str, int], int] = {}
         self._target: Offsets | None = None  # Trigger.AvailableNow: do not read past this
         self._schedule: tuple[Any, Schedule] | None = None  # (the file's identity, schedule)
+        self._progress = ProgressClock()
 
     # --- driver side ---------------------------------------------------------------------
 
@@ -165,15 +136,16 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _topic_partitions(self) -> dict[str, list[int]]:
         """The partitions of both topics (created if missing), re-read every few seconds."""
-        now = time.monotonic()
-        if self._partitions and now - self._partitions_at < self.PARTITION_REFRESH_S:
+        now = self._clock()
+        if (self._partitions and self._partitions_at is not None
+                and 0 <= now - self._partitions_at < self.PARTITION_REFRESH_MS):
             return self._partitions
         consumer = consumer_for(self.options, "offsets")
         consumer.topics()  # a fresh metadata request: the cached one may predate new partitions
         missing = [t for t in self.options.topics if not consumer.partitions_for_topic(t)]
         if missing:
             self._create_topics(missing)
-        deadline = now + self.options.read_timeout_ms / 1000
+        deadline = time.monotonic() + self.options.read_timeout_ms / 1000
         found: dict[str, list[int]] = {}
         for topic in self.options.topics:
             parts = consumer.partitions_for_topic(topic)
@@ -188,22 +160,53 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return found
 
     def _high_watermarks(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
+        started = self._clock()
         parts = self._topic_partitions()
         hints = {
             (t, p): max(int(start.get(t, {}).get(str(p), 0)), self._known_end.get((t, p), 0))
             for t, ps in parts.items() for p in ps
         }
+        # A partition gone (its topic re-created with fewer) has no end: nothing moves there.
         self._known_end = high_watermarks(self.options, parts, hints)
+        self._progress.observed(started, {tp: hw for tp, hw in self._known_end.items()
+                                          if tp[0] == self.options.end_topic})
         out: Offsets = {t: {} for t in parts}
         for (topic, partition), hw in self._known_end.items():
             out[topic][str(partition)] = hw
-        return _canonical(out, self.options.topics)
+        return canonical(out, self.options.topics)
+
+    def _journal_ends(self) -> dict[int, int]:
+        """The history topic's end offsets ({} without one, or when it does not exist)."""
+        topic = self.options.journal_topic
+        if topic is None:
+            return {}
+        consumer = consumer_for(self.options, "offsets")
+        consumer.topics()
+        parts = sorted(consumer.partitions_for_topic(topic) or ())
+        if not parts:
+            return {}
+        ends = high_watermarks(self.options, {topic: parts}, {})
+        return {p: end for (_, p), end in ends.items()}
+
+    def _recovery(self, why: str) -> Journal | None:
+        """A recovery of what the history topic says was decided, before the half and end
+        topics are read again (:mod:`sources.journal`)."""
+        journal = Journal.starting(self._journal_ends())
+        if journal is not None:
+            log.warning("%s: reading back the outcomes in %s (%d records) before the half and "
+                        "end topics, so that nothing decided is decided again", why,
+                        self.options.journal_topic, sum(journal.to.values()))
+        return journal
 
     def initialOffset(self) -> dict:
         parts = self._topic_partitions()
         tick = {"at": 0, "known": 1} if self.options.timer_file else None
-        return _canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
-                          self.options.topics, tick)
+        used = any(hw > 0 for ps in records_of(self._high_watermarks({})).values()
+                   for hw in ps.values())
+        journal = (self._recovery("a new checkpoint over half and end topics that hold records")
+                   if used else None)
+        return canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
+                         self.options.topics, tick, 0, journal.entry() if journal else None)
 
     def _timers(self) -> Schedule:
         """The schedule file, parsed again only when it changed (Spark asks every 10 ms)."""
@@ -225,7 +228,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = start.get(TICK)
         if self._target is not None:  # Trigger.AvailableNow ends once the input is read
             return last
-        now = int(time.time() * 1000)
+        now = self._clock()
         due = next_tick(last, self._timers() if last is not None else None, now)
         return due if due is not None else last
 
@@ -235,7 +238,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._high_watermarks(_canonical({}, self.options.topics))
+        self._target = self._high_watermarks(canonical({}, self.options.topics))
 
     def _lost(
         self, start: Mapping[str, Mapping[str, int]], latest: Offsets
@@ -249,7 +252,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceReadError(
                 f"the broker has fewer records than the checkpoint has read: {where}. Records "
                 "were lost (a broker with memory storage restarted?). Use a new checkpoint, or "
-                "set fail_on_data_loss=false to read these partitions again from the start."
+                "set fail_on_data_loss=false to read these partitions again from the start "
+                "(either way, the outcomes in the history topic are read back first)."
             )
         for t, p in sorted(lost):
             log.warning("%s/%s: end offset %d is below the checkpoint's %s; reading it again "
@@ -258,9 +262,39 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         tick = self._tick(start)
-        start = _records(start)
-        latest = self._high_watermarks(start)
-        lost = self._lost(start, latest)
+        journal = Journal.of(start.get(JOURNAL))
+        ends_read = int(start.get(ENDS_READ, {}).get("at", 0))
+        records = records_of(start)
+        latest = self._high_watermarks(records)
+        lost = self._lost(records, latest)
+        if lost and self.options.journal_topic is not None:
+            journal = self._recovery("partitions read again from their start") or journal
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if journal is not None and not journal.done:
+            # Recovering: the history topic is read first; nothing else moves (a lost
+            # partition goes back to 0, to be read whole once the recovery is done).
+            held = {t: {p: 0 if (t, p) in lost else o for p, o in ps.items()}
+                    for t, ps in records.items()}
+            return canonical(held, self._topic_order(held), tick, ends_read,
+                             journal.step(budget).entry())
+        out = self._planned(records, latest, lost, budget)
+        moved = records_of(canonical(out, self._topic_order(out))) != records_of(
+            canonical(records, self._topic_order(records))) or tick != start.get(TICK)
+        if moved:
+            planned = {(self.options.end_topic, int(p)): o
+                       for p, o in out.get(self.options.end_topic, {}).items()}
+            ends_read = self._progress.progress(planned, ends_read)
+            self._progress.planned(ends_read)
+        return canonical(out, self._topic_order(out), tick, ends_read,
+                         journal.entry() if journal else None)
+
+    def _topic_order(self, offsets: Mapping[str, Any]) -> list[str]:
+        return list(dict.fromkeys([*self.options.topics, *offsets]))
+
+    def _planned(self, start: Mapping[str, Mapping[str, int]], latest: Offsets,
+                 lost: set[tuple[str, str]], budget: int | None) -> dict[str, dict[str, int]]:
+        """The end offsets of the next batch: everything available, or ``budget`` records
+        spread fairly over the partitions."""
         if self._target is not None:
             latest = {t: {p: min(o, self._target.get(t, {}).get(p, 0)) for p, o in ps.items()}
                       for t, ps in latest.items()}
@@ -274,13 +308,13 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 keys.append((topic, p))
                 begin.append(s)
                 avail.append(max(0, end - s))
-        if isinstance(limit, ReadMaxRows):
-            avail = spread_budget(avail, limit.max_rows)
+        if budget is not None:
+            avail = spread_budget(avail, budget)
         out: dict[str, dict[str, int]] = {t: dict(ps) for t, ps in start.items()}
         for (topic, p), s, n in zip(keys, begin, avail, strict=True):
             # A lost partition ends this batch at 0, so the next one reads the new log whole.
             out.setdefault(topic, {})[p] = 0 if (topic, p) in lost else s + n
-        return _canonical(out, list(dict.fromkeys([*self.options.topics, *out])), tick)
+        return out
 
     def reportLatestOffset(self) -> dict | None:
         if not self._known_end:
@@ -288,17 +322,28 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: Offsets = {}
         for (topic, partition), hw in self._known_end.items():
             out.setdefault(topic, {})[str(partition)] = hw
-        return _canonical(out, self.options.topics)
+        return canonical(out, self.options.topics)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         slices = []
-        for topic, parts in _records(end).items():
+        for topic, parts in records_of(end).items():
+            kind = EventKind.HALF if topic == self.options.half_topic else EventKind.END
             for p, stop in parts.items():
                 begin = int(start.get(topic, {}).get(p, 0))
                 if stop > begin:
-                    slices.append(TopicSlice(topic, int(p), begin, int(stop),
-                                             topic == self.options.half_topic))
-        return group_slices(slices, self.options.read_tasks)
+                    slices.append(TopicSlice(topic, int(p), begin, int(stop), kind))
+        journal = Journal.of(end.get(JOURNAL))
+        if journal is not None and self.options.journal_topic is not None:
+            for p, begin, stop in journal.ranges(Journal.of(start.get(JOURNAL))):
+                slices.append(TopicSlice(self.options.journal_topic, p, begin, stop,
+                                         EventKind.OUTCOME))
+        groups = group_slices(slices, self.options.read_tasks)
+        if ENDS_READ not in end:
+            return groups
+        # Every batch carries one progress row: the watermark's only source.
+        ends_read = int(end[ENDS_READ]["at"])
+        first = groups[0].slices if groups else ()
+        return [SliceGroup(first, ends_read), *groups[1:]]
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in Kafka."""
@@ -319,22 +364,32 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         settle()
         parts = partition.slices if isinstance(partition, SliceGroup) else (partition,)
         schema = arrow_schema(self.schema)
-        layout = self.options.key_layout
         rows: list[EventRow] = []
         for part in parts:
             assert isinstance(part, TopicSlice)
-            for rec in read_slice(self.options, part):
-                if isinstance(rec, Unreadable):
-                    row = unreadable_row(part.is_half, rec.partition, rec.offset, rec.error)
-                else:
-                    row = record_row(part.is_half, rec.key, rec.value, rec.headers,
-                                     rec.partition, rec.offset, layout, rec.timestamp)
+            for row in self._rows(part):
                 rows.append(row)
                 if len(rows) >= ROWS_PER_BATCH:
                     yield rows_to_batch(rows, schema)
                     rows = []
+        if isinstance(partition, SliceGroup) and partition.ends_read is not None:
+            rows.append(progress_row(partition.ends_read))
         if rows:
             yield rows_to_batch(rows, schema)
+
+    def _rows(self, part: TopicSlice) -> Iterator[EventRow]:
+        layout = self.options.key_layout
+        if part.kind == EventKind.OUTCOME:
+            yield from outcome_rows((r for r in read_slice(self.options, part)
+                                     if not isinstance(r, Unreadable)), layout)
+            return
+        is_half = part.kind == EventKind.HALF
+        for rec in read_slice(self.options, part):
+            if isinstance(rec, Unreadable):
+                yield unreadable_row(is_half, rec.partition, rec.offset, rec.error)
+            else:
+                yield record_row(is_half, rec.key, rec.value, rec.headers, rec.partition,
+                                 rec.offset, layout, rec.timestamp)
 
 
 class KafkaEventSource(DataSource):

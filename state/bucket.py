@@ -21,10 +21,19 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from state.effects import Effect
-from state.lifecycle import Event, Status, Transaction, apply, on_timeout, sends_check
+from state.lifecycle import (
+    Event,
+    Status,
+    Transaction,
+    apply,
+    on_timeout,
+    sends_check,
+    waits_for_ends,
+)
 from state.outcomes import Outcomes
 from state.policy import Policy
 from txstream.message import Decision, EndEvent, Message, RawRecord
@@ -38,10 +47,12 @@ __all__ = ["Bucket", "FORMAT_VERSION"]
 #    until when its outcome is remembered; the bucket the outcomes it remembers.
 # 5: a half message read from the half topic is kept without its body (its coordinates say
 #    where to read it back).
+# 6: a transaction when it was registered, when its latest check was due, and why its body
+#    is gone (if it is).
 # Older formats are still read so that a checkpoint survives the upgrade; buckets of formats 1
 # and 2 start a new numbering epoch.
-FORMAT_VERSION = 5
-_READABLE = (1, 2, 3, 4, FORMAT_VERSION)
+FORMAT_VERSION = 6
+_READABLE = (1, 2, 3, 4, 5, FORMAT_VERSION)
 
 
 # A transaction as the state holds it: decoded, or still the tuple it was encoded as.
@@ -120,16 +131,20 @@ class Bucket:
         self._store(txid, new)
         return effects
 
-    def fire_due(self, now: int, policy: Policy) -> list[Effect]:
+    def fire_due(self, now: int, policy: Policy, ends_read: int | None = None) -> list[Effect]:
         """Run every timer that is due at ``now``."""
-        return [effect for _, effects in self.run_timers(now, 0, policy) for effect in effects]
+        return [effect for _, effects in self.run_timers(now, 0, policy, ends_read)
+                for effect in effects]
 
-    def run_timers(self, now: int, lead: int, policy: Policy) -> list[tuple[int, list[Effect]]]:
+    def run_timers(self, now: int, lead: int, policy: Policy, ends_read: int | None = None
+                   ) -> list[tuple[int, list[Effect]]]:
         """Run every timer due by ``now``, and every check due by ``now + lead``, in deadline
         order, each as of ``max(now, deadline)``: returns that time with each timer's effects,
         which must not take effect before it (``Policy.timer_lead``). A timer that would
         decide an outcome runs only once due (:func:`state.lifecycle.sends_check`). A timer
-        that sets another one within the window runs that one too, in its turn."""
+        that sets another one within the window runs that one too, in its turn.
+        ``ends_read``: how far the end topic has been read (default ``now``): a discard for
+        age waits until it passes the reserved deadline (:func:`state.lifecycle.waits_for_ends`)."""
         fired: list[tuple[int, list[Effect]]] = []
         self.outcomes.forget_expired(now)
         horizon = now + lead
@@ -142,14 +157,51 @@ class Bucket:
             tx = self._decoded(txid)
             if at > now and not sends_check(tx, at, policy):
                 continue  # an outcome waits for its deadline: the key wakes up then
-            new, effects = on_timeout(tx, at, policy)
+            new, effects = on_timeout(tx, at, policy, ends_read)
             if new is None and tx.status.resolved and (tx.remember_until or 0) > at:
-                self.outcomes.remember(txid, tx.status.value, tx.remember_until or 0)
+                # A lost release is remembered as committed: its decision was taken.
+                status = Status.COMMITTED if tx.status is Status.LOST else tx.status
+                self.outcomes.remember(txid, status.value, tx.remember_until or 0)
             self._store(txid, new)
-            fired.append((at, effects))
+            if effects:
+                fired.append((at, effects))
             if new is not None and at < new.deadline <= horizon:
                 heapq.heappush(due, (new.deadline, txid))
         return fired
+
+    def bodies_wanted(self, txids: Iterable[str], now: int, lead: int, policy: Policy,
+                      ends_read: int | None = None) -> dict[str, tuple[int, int]]:
+        """Where the bodies lie (half topic partition, offset) of the held half messages that
+        this call may write: those of ``txids`` (the transactions its end events name) and of
+        the timers that will send a check or a discard by ``now + lead``."""
+        wanted: dict[str, tuple[int, int]] = {}
+        reads = now if ends_read is None else ends_read
+        for txid in txids:
+            if txid in self._held:
+                _body_at(self._decoded(txid), wanted)
+        for txid, held in self._held.items():
+            if _deadline(held) > now + lead or txid in wanted:
+                continue
+            tx = self._decoded(txid)
+            due = _deadline(held) <= now or sends_check(tx, _deadline(held), policy)
+            if due and not waits_for_ends(tx, max(now, tx.deadline), policy, reads):
+                _body_at(tx, wanted)
+        return wanted
+
+    def attach_body(self, transaction_id: str, body: bytes) -> None:
+        """Give a held half message its body back for this call (the encoding drops it again:
+        the state keeps where it lies)."""
+        tx = self._decoded(transaction_id)
+        if tx.half is not None:
+            self._held[transaction_id] = replace(tx, half=replace(tx.half, body=body))
+
+    def recall_outcome(self, transaction_id: str, status: str, until: int, now: int) -> bool:
+        """Remember an outcome decided before this state existed (recovered from the history
+        topic by a new checkpoint); False if the transaction is held or already remembered."""
+        if transaction_id in self._held or self.outcomes.recall(transaction_id, now):
+            return False
+        self.outcomes.remember(transaction_id, status, until)
+        return True
 
     def next_deadline(self) -> int | None:
         return min((_deadline(held) for held in self._held.values()), default=None)
@@ -241,6 +293,14 @@ class Bucket:
         return bucket
 
 
+def _body_at(tx: Transaction, wanted: dict[str, tuple[int, int]]) -> None:
+    half = tx.half
+    if (tx.status is Status.PENDING and half is not None and half.body is None
+            and half.queue_id is not None and half.queue_offset is not None
+            and tx.body_gone is None):
+        wanted[tx.transaction_id] = (half.queue_id, half.queue_offset)
+
+
 def _deadline(held: _Held) -> int:
     deadline: int = held.deadline if isinstance(held, Transaction) else held[2]
     return deadline
@@ -298,7 +358,7 @@ def _tx_to_tuple(tx: Transaction, share: _Share) -> tuple[object, ...]:
     return (share(tx.transaction_id), tx.status.value, tx.deadline, share(tx.producer_group),
             _msg_to_tuple(tx.half, share), tuple(_end_to_tuple(e, share) for e in tx.held),
             tx.checks_sent, tx.checks_answered, tx.next_check, tx.last_answered,
-            tx.remember_until)
+            tx.remember_until, tx.seen_at, tx.check_due, tx.body_gone)
 
 
 def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
@@ -320,4 +380,7 @@ def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
         # Before format 4 the count was the highest check number answered.
         last_answered=t[9] if len(t) > 9 else t[7],
         remember_until=t[10] if len(t) > 10 else None,
+        seen_at=t[11] if len(t) > 11 else None,
+        check_due=t[12] if len(t) > 12 else None,
+        body_gone=t[13] if len(t) > 13 else None,
     )

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from txstream.message import EndEvent, Message
 
-__all__ = ["Release", "RequestCheck", "Discard", "DiscardCause", "DeadLetter", "Note", "Effect"]
+__all__ = ["Release", "RequestCheck", "Discard", "DiscardCause", "DeadLetter", "BodyLost",
+           "Note", "Effect"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,9 @@ class DiscardCause:
 
     CHECK_MAX = "check_max"  # answered checks reached check_max, still unknown
     RESERVED_TIME = "reserved_time"  # the half message outlived the reserved time
+    HALF_MESSAGE_LOST = "half_message_lost"  # its body can no longer be read from the half topic
 
-    ALL = (CHECK_MAX, RESERVED_TIME)
+    ALL = (CHECK_MAX, RESERVED_TIME, HALF_MESSAGE_LOST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +78,15 @@ class Note:
     detail: Mapping[str, object] = field(default_factory=dict)
 
 
-Effect = Release | RequestCheck | Discard | DeadLetter | Note
+@dataclass(frozen=True, slots=True)
+class BodyLost:
+    """The record ``instead_of`` (``visible``: a release, ``discard``) cannot be written: the
+    held half message's body is gone from the half topic (``reason``). Written instead: a dead
+    letter keyed by the transaction id, with everything but the body and where it was."""
+
+    message: Message
+    instead_of: str
+    reason: str
+
+
+Effect = Release | RequestCheck | Discard | DeadLetter | BodyLost | Note

@@ -30,11 +30,13 @@ import zlib
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-__all__ = ["KeyLayout", "UNROUTABLE", "id_time_ms", "state_key", "key_window",
+__all__ = ["KeyLayout", "UNROUTABLE", "PROGRESS_KEY", "id_time_ms", "state_key", "key_window",
            "spark_partition"]
 
 # Records with no usable transaction id: they are only dead-lettered, never stored.
 UNROUTABLE = -(2**62)
+# The source's one progress row per micro-batch (sources.progress): it holds no transaction.
+PROGRESS_KEY = UNROUTABLE + 1
 
 _HEX = frozenset("0123456789abcdefABCDEF")
 _VARIANT = frozenset("89abAB")  # RFC 9562 variant bits 10xx

@@ -1,9 +1,16 @@
 """The life of one transaction, as a pure state machine.
 
-``apply(tx, event, now, policy)`` and ``on_timeout(tx, now, policy)`` return the transaction's
-new state (``None``: forgotten) and the effects to emit. Nothing here does I/O or reads a clock:
-``now`` is given, so the same inputs always give the same outputs (a replayed micro-batch
-re-emits exactly what it emitted the first time).
+``apply(tx, event, now, policy)`` and ``on_timeout(tx, now, policy, ends_read)`` return the
+transaction's new state (``None``: forgotten) and the effects to emit. Nothing here does I/O or
+reads a clock: ``now`` (the coordinator's time) and ``ends_read`` (how far the end topic has
+been read, on the same clock) are given, so the same inputs always give the same outputs (a
+replayed micro-batch re-emits exactly what it emitted the first time).
+
+Two clocks are never trusted for a decision: a producer's (its born time may be off by hours)
+and a record's timestamp (a topic left at CreateTime, or a broker that ignores LogAppendTime,
+keeps the producer's). The reserved time counts from when the coordinator registered the half
+message, and a discard for age waits until the end topic has been read past its deadline, so
+that a commit written before it is read first (docs/decisions/0022-trusted-time.md).
 
 Every move is listed in :data:`TRANSITIONS`; ``apply`` refuses anything not listed there.
 """
@@ -13,15 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from state.effects import DeadLetter, Discard, DiscardCause, Effect, Note, Release, RequestCheck
-from state.policy import Policy
-from state.timing import (
-    anchor,
-    check_spacing,
-    first_check,
-    past_reserved_time,
-    pending_deadline,
+from state.effects import (
+    BodyLost,
+    DeadLetter,
+    Discard,
+    DiscardCause,
+    Effect,
+    Note,
+    Release,
+    RequestCheck,
 )
+from state.policy import Policy
+from state.timing import anchor, check_spacing, first_check, pending_deadline
 from txstream.message import Decision, EndEvent, Message
 from txstream.refusals import Code
 
@@ -33,13 +43,30 @@ __all__ = [
     "MAY_REACH",
     "Transaction",
     "Event",
+    "BodyGone",
     "apply",
     "on_timeout",
     "trigger_of",
     "sends_check",
+    "waits_for_ends",
+    "discard_due",
+    "reserved_deadline",
+    "latest_visible_check",
 ]
 
-Event = Message | EndEvent
+
+
+@dataclass(frozen=True, slots=True)
+class BodyGone:
+    """An observation, not a record: the body of the transaction's held half message can no
+    longer be read from the half topic (``reason`` says why). The operator finds it out when
+    it reads the body back to release, check or discard the message."""
+
+    transaction_id: str
+    reason: str
+
+
+Event = Message | EndEvent | BodyGone
 
 
 class Status(str, Enum):
@@ -48,10 +75,13 @@ class Status(str, Enum):
     COMMITTED = "COMMITTED"  # released to its real topic (remembered for duplicates)
     ROLLED_BACK = "ROLLED_BACK"  # dropped (remembered for duplicates)
     DISCARDED = "DISCARDED"  # given up: on the discard topic (remembered for duplicates)
+    # Committed, but its half message's body was gone: nothing released, a dead letter says
+    # so; the half message sent again (the same transaction id) is released.
+    LOST = "LOST"
 
     @property
     def resolved(self) -> bool:
-        return self in (Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED)
+        return self in (Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED, Status.LOST)
 
 
 class Trigger(str, Enum):
@@ -60,6 +90,7 @@ class Trigger(str, Enum):
     ROLLBACK = "ROLLBACK"
     UNKNOWN = "UNKNOWN"
     TIMEOUT = "TIMEOUT"
+    BODY_GONE = "BODY_GONE"
 
 
 class Action(str, Enum):
@@ -75,6 +106,9 @@ class Action(str, Enum):
     CHECK = "check"  # timer: ask a producer of the group, or discard after too many
     EXPIRE = "expire"  # timer: the held end event never met its half message
     FORGET = "forget"  # timer: a resolved transaction leaves the state; its outcome stays
+    MARK_GONE = "mark_gone"  # the held body is gone: no release or check can carry it
+    RELEASE_AGAIN = "release_again"  # a lost release: the half message sent again is released
+    IGNORE = "ignore"  # an observation about a body nobody holds: nothing to do
 
 
 _S, _T, _A = Status, Trigger, Action
@@ -110,11 +144,20 @@ TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] =
     (_S.DISCARDED, _T.ROLLBACK): (_S.DISCARDED, _A.DUPLICATE),
     (_S.DISCARDED, _T.UNKNOWN): (_S.DISCARDED, _A.DUPLICATE),
     (_S.DISCARDED, _T.TIMEOUT): (None, _A.FORGET),
+    (_S.LOST, _T.HALF): (_S.COMMITTED, _A.RELEASE_AGAIN),
+    (_S.LOST, _T.COMMIT): (_S.LOST, _A.DUPLICATE),
+    (_S.LOST, _T.ROLLBACK): (_S.LOST, _A.REJECT),
+    (_S.LOST, _T.UNKNOWN): (_S.LOST, _A.DUPLICATE),
+    (_S.LOST, _T.TIMEOUT): (None, _A.FORGET),
+    (_S.PENDING, _T.BODY_GONE): (_S.PENDING, _A.MARK_GONE),
+    **{(s, _T.BODY_GONE): (s, _A.IGNORE)
+       for s in (None, _S.EARLY_END, _S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED, _S.LOST)},
 }
 
 MAY_REACH: dict[Action, frozenset[Status | None]] = {
     _A.APPLY_HELD: frozenset({_S.PENDING, _S.COMMITTED, _S.ROLLED_BACK}),
     _A.CHECK: frozenset({_S.PENDING, _S.DISCARDED}),
+    _A.RELEASE: frozenset({_S.COMMITTED, _S.LOST}),
 }
 
 
@@ -133,6 +176,12 @@ class Transaction:
     at most one per sender (a producer group, or the admins). Until the half message names the
     owning group nobody knows whose decision counts, so an end event from a wrong group must
     not displace or contradict the owner's.
+
+    ``seen_at``: when the coordinator registered the half message, on its own clock: the
+    reserved time counts from it. ``check_due``: when the latest check sent was due; until
+    then its request is held back, and the one before it is still the latest a producer can
+    see (an answer to it counts). ``body_gone``: why the held half message's body can no longer
+    be read (:class:`BodyGone`).
     """
 
     transaction_id: str
@@ -146,8 +195,11 @@ class Transaction:
     next_check: int | None = None
     last_answered: int = 0
     # Resolved: until when its outcome is remembered once it leaves the state
-    # (``state.outcomes``): its half message's reserved time.
+    # (``state.outcomes``): the reserved time after it was resolved.
     remember_until: int | None = None
+    seen_at: int | None = None
+    check_due: int | None = None
+    body_gone: str | None = None
 
 
 _Result = tuple[Transaction | None, list[Effect]]
@@ -156,6 +208,8 @@ _Result = tuple[Transaction | None, list[Effect]]
 def trigger_of(event: Event) -> Trigger:
     if isinstance(event, Message):
         return Trigger.HALF
+    if isinstance(event, BodyGone):
+        return Trigger.BODY_GONE
     return {
         Decision.COMMIT_MESSAGE: Trigger.COMMIT,
         Decision.ROLLBACK_MESSAGE: Trigger.ROLLBACK,
@@ -174,18 +228,38 @@ def _note(txid: str, event: str, now: int, **detail: object) -> Note:
     return Note(txid, event, now, detail)
 
 
+def _seen(tx: Transaction, policy: Policy) -> int:
+    """When the coordinator registered the half message. A transaction saved before that was
+    recorded (state format 5 and older) counts from its born time, as it did then."""
+    if tx.seen_at is not None:
+        return tx.seen_at
+    assert tx.half is not None
+    return anchor(tx.half, tx.deadline, policy)
+
+
+def reserved_deadline(tx: Transaction, policy: Policy) -> int:
+    """When a pending transaction has outlived the reserved time, on the coordinator's clock."""
+    return _seen(tx, policy) + policy.reserved_time
+
+
 def _resolved(tx: Transaction, status: Status, now: int, policy: Policy) -> Transaction:
-    """Keep only what recognising duplicates needs: no body, no timers but forgetting."""
+    """Keep only what recognising duplicates needs: no body, no timers but forgetting. The
+    outcome is remembered for the reserved time after it was decided: a late end event is
+    told it, and a half message read again is a duplicate, however the transaction ended.
+    A lost release keeps its half message (without body) for its group and topic, and waits
+    the reserved time for the message to be sent again."""
+    lost = status is Status.LOST
     return Transaction(
         transaction_id=tx.transaction_id,
         status=status,
-        deadline=now + policy.resolved_retention,
+        deadline=now + (policy.reserved_time if lost else policy.resolved_retention),
         producer_group=tx.producer_group,
+        half=tx.half if lost else None,
         checks_sent=tx.checks_sent,
         checks_answered=tx.checks_answered,
         last_answered=tx.last_answered,
-        remember_until=(anchor(tx.half, now, policy) + policy.reserved_time
-                        if tx.half is not None else None),
+        remember_until=now + policy.reserved_time,
+        seen_at=tx.seen_at,
     )
 
 
@@ -231,18 +305,43 @@ def sends_check(tx: Transaction, at: int, policy: Policy) -> bool:
     of timer that may run ahead of its deadline (``Policy.timer_lead``). One that decides an
     outcome (a discard, an end event's expiry) runs only once due, so that an end event that
     comes before it wins."""
-    if tx.status is not Status.PENDING or tx.half is None:
+    if tx.status is not Status.PENDING or tx.half is None or tx.body_gone is not None:
         return False
-    return (not past_reserved_time(tx.half, max(at, tx.deadline), policy)
+    return (max(at, tx.deadline) < reserved_deadline(tx, policy)
             and tx.checks_answered < policy.check_max)
 
 
-def on_timeout(tx: Transaction, now: int, policy: Policy) -> _Result:
-    """Run the transaction's timer if it is due; otherwise change nothing."""
+def discard_due(tx: Transaction, now: int, policy: Policy) -> int | None:
+    """When the discard that the pending transaction's timer makes at ``now`` became due (its
+    reserved deadline, or the check after the last one it may have), or None: it checks."""
+    reserved = reserved_deadline(tx, policy)
+    if now >= reserved:
+        return reserved
+    if tx.body_gone is not None or tx.checks_answered >= policy.check_max:
+        return tx.deadline
+    return None
+
+
+def waits_for_ends(tx: Transaction, now: int, policy: Policy, ends_read: int) -> bool:
+    """Whether the transaction's timer would discard it but must wait: the end topic has not
+    been read up to when the discard became due, so a commit written before then may still be
+    unread (and must win)."""
+    if tx.status is not Status.PENDING or now < tx.deadline:
+        return False
+    due = discard_due(tx, now, policy)
+    return due is not None and ends_read < due
+
+
+def on_timeout(tx: Transaction, now: int, policy: Policy, ends_read: int | None = None
+               ) -> _Result:
+    """Run the transaction's timer if it is due; otherwise change nothing. ``ends_read``: the
+    end topic has been read up to this time (default ``now``: a caller that reads none)."""
     if now < tx.deadline:
         return tx, []
     _, action = TRANSITIONS[(tx.status, Trigger.TIMEOUT)]
     if action is Action.CHECK:
+        if waits_for_ends(tx, now, policy, now if ends_read is None else ends_read):
+            return tx, []
         return _check_or_discard(tx, now, policy)
     if action is Action.EXPIRE:
         assert tx.held
@@ -265,10 +364,11 @@ def _register(tx: Transaction | None, half: Event, now: int, policy: Policy) -> 
     new = Transaction(
         transaction_id=txid,
         status=Status.PENDING,
-        deadline=pending_deadline(half, next_check, policy),
+        deadline=pending_deadline(now, next_check, policy),
         producer_group=half.producer_group,
         half=half,
         next_check=next_check,
+        seen_at=now,
     )
     # What an operator searches by (txstream console): the message id, keys, tags, born time.
     return new, [_note(txid, "half", now, group=half.producer_group, topic=half.topic,
@@ -331,10 +431,38 @@ def _apply_held(tx: Transaction | None, half: Event, now: int, policy: Policy) -
 def _release(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and tx.half is not None and isinstance(end, EndEvent)
     detail = _decision_detail(end)
+    if tx.body_gone is not None:
+        # Nothing to release: the dead letter says so, in the transaction's own story; the
+        # half message sent again is released (RELEASE_AGAIN).
+        return _resolved(tx, Status.LOST, now, policy), [
+            BodyLost(tx.half, "visible", tx.body_gone),
+            _note(tx.transaction_id, "release_lost", now, reason=tx.body_gone, **detail),
+        ]
     return _resolved(tx, Status.COMMITTED, now, policy), [
         Release(tx.half, end.born_timestamp),
         _note(tx.transaction_id, "released", now, **detail),
     ]
+
+
+def _release_again(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and isinstance(half, Message)
+    return _resolved(tx, Status.COMMITTED, now, policy), [
+        Release(half),
+        _note(tx.transaction_id, "released", now, again=True, msg_id=half.msg_id),
+    ]
+
+
+def _mark_gone(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
+    assert tx is not None and isinstance(event, BodyGone)
+    if tx.body_gone is not None:
+        return tx, []
+    return replace(tx, body_gone=event.reason), [
+        _note(tx.transaction_id, "body_gone", now, reason=event.reason)
+    ]
+
+
+def _ignore(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
+    return tx, []
 
 
 def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
@@ -344,22 +472,35 @@ def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
     ]
 
 
+def latest_visible_check(tx: Transaction, now: int) -> int:
+    """The number of the latest check a producer can have seen at ``now``: a check made ahead
+    of its deadline (``Policy.timer_lead``) is held back until then, and the one before it is
+    still the latest request (its ``CHECK_VALID_UNTIL`` is that deadline)."""
+    if tx.check_due is not None and now < tx.check_due:
+        return tx.checks_sent - 1
+    return tx.checks_sent
+
+
 def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and isinstance(end, EndEvent)
     new = tx
     if end.from_check:
-        # Only an answer to the latest check sent counts, once: an answer to an older one (a
-        # backlog answered after the group was away) or a repeat changes nothing. An answer
-        # without a number answers the latest check.
-        answered = end.check_times if end.check_times is not None else tx.checks_sent
-        if answered == tx.checks_sent and answered > tx.last_answered:
+        # Only an answer to the latest check a producer can see counts, once: an answer to an
+        # older one (a backlog answered after the group was away) or a repeat changes nothing.
+        # An answer without a number answers the latest check.
+        latest = latest_visible_check(tx, now)
+        answered = end.check_times if end.check_times is not None else latest
+        if latest <= answered <= tx.checks_sent and answered > tx.last_answered:
             new = replace(tx, checks_answered=tx.checks_answered + 1, last_answered=answered)
+        detail = {"check": answered, **_decision_detail(end)}
+    else:
+        detail = _decision_detail(end)
     return new, [_note(tx.transaction_id, "unknown", now, checks_answered=new.checks_answered,
-                       **_decision_detail(end))]
+                       **detail)]
 
 
 def _duplicate(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
-    assert tx is not None
+    assert tx is not None and not isinstance(event, BodyGone)
     what = "half" if isinstance(event, Message) else event.decision.value
     return tx, [_note(tx.transaction_id, "duplicate", now, of=what, status=tx.status.value)]
 
@@ -377,37 +518,46 @@ def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Re
 def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     half = tx.half
     assert half is not None and tx.next_check is not None
-    reason = None
-    cause = DiscardCause.CHECK_MAX
-    if past_reserved_time(half, now, policy):
-        hours = policy.reserved_time / 3_600_000
-        reason = f"half message older than the reserved time of {hours:g} h"
-        cause = DiscardCause.RESERVED_TIME
-    elif tx.checks_answered >= policy.check_max:
-        reason = (
-            f"still unknown after {tx.checks_answered} answered checks "
-            f"(check_max={policy.check_max})"
-        )
-    if reason is not None:
-        discarded = _resolved(tx, Status.DISCARDED, now, policy)
-        return discarded, [
-            Discard(half, reason, tx.checks_answered, cause),
-            _note(tx.transaction_id, "discarded", now, reason=reason,
-                  checks_sent=tx.checks_sent),
-        ]
+    due = discard_due(tx, now, policy)
+    if due is not None:
+        return _discard(tx, half, now, due, policy)
     number = tx.checks_sent + 1
     next_check = now + check_spacing(number - tx.last_answered, policy)
     new = replace(
         tx,
         checks_sent=number,
         next_check=next_check,
-        deadline=pending_deadline(half, next_check, policy),
+        deadline=pending_deadline(_seen(tx, policy), next_check, policy),
+        check_due=now,
     )
     late = now - tx.next_check
     return new, [
         RequestCheck(half, number, late, valid_until=next_check),
         _note(tx.transaction_id, "check_sent", now, check=number, late_ms=late,
               next_check=next_check),
+    ]
+
+
+def _discard(tx: Transaction, half: Message, now: int, due: int, policy: Policy) -> _Result:
+    """Give the transaction up, with why and since when (``due``)."""
+    if now >= reserved_deadline(tx, policy):
+        hours = policy.reserved_time / 3_600_000
+        reason = f"half message older than the reserved time of {hours:g} h"
+        cause = DiscardCause.RESERVED_TIME
+    elif tx.body_gone is not None:
+        reason, cause = f"the body of its half message {tx.body_gone}", \
+            DiscardCause.HALF_MESSAGE_LOST
+    else:
+        reason = (f"still unknown after {tx.checks_answered} answered checks "
+                  f"(check_max={policy.check_max})")
+        cause = DiscardCause.CHECK_MAX
+    # A message whose body is gone cannot go to the discard topic: a dead letter says why.
+    effect: Effect = (BodyLost(half, "discard", tx.body_gone) if tx.body_gone is not None
+                      else Discard(half, reason, tx.checks_answered, cause))
+    return _resolved(tx, Status.DISCARDED, now, policy), [
+        effect,
+        _note(tx.transaction_id, "discarded", now, reason=reason, cause=cause, due=due,
+              checks_sent=tx.checks_sent, checks_answered=tx.checks_answered),
     ]
 
 
@@ -430,4 +580,7 @@ _ACTIONS = {
     Action.WAIT: _wait,
     Action.DUPLICATE: _duplicate,
     Action.REJECT: _reject,
+    Action.MARK_GONE: _mark_gone,
+    Action.RELEASE_AGAIN: _release_again,
+    Action.IGNORE: _ignore,
 }

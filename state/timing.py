@@ -1,12 +1,12 @@
-"""When a pending transaction's timers are due, on a clock the coordinator can trust.
+"""When a pending transaction's timers are due.
 
-A producer's clock is its own: a half message born "31 s ago" by a clock 31 s behind would meet
-a 30 s reserved time as it arrives, and one born an hour ahead would push every deadline an
-hour out. So timers count from the producer's born time only while it is within
-``Policy.max_clock_skew`` of when the broker stored the half message (its record timestamp: the
-broker's clock where the half topic keeps ``LogAppendTime``, as ``txstream topics create``
-makes it); further off, from the broker's time. Never after the batch that registers it. Pure:
-every time is given.
+The first back-check counts from the producer's born time, as RocketMQ's does, while it is
+within ``Policy.max_clock_skew`` of when the broker stored the half message (its record
+timestamp); further off, from that timestamp; never from later than the batch that registers
+it. A wrong clock only moves that first question. Nothing that ends a transaction counts from a
+producer's clock or a record timestamp: the reserved time counts from when the coordinator
+registered the half message (``pending_deadline``; docs/decisions/0022-trusted-time.md).
+Pure: every time is given.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from state.policy import Policy
 from txstream.message import Message
 
-__all__ = ["anchor", "first_check", "check_spacing", "pending_deadline", "past_reserved_time"]
+__all__ = ["anchor", "first_check", "check_spacing", "pending_deadline"]
 
 
 def anchor(half: Message, fallback: int, policy: Policy) -> int:
@@ -50,11 +50,7 @@ def check_spacing(unanswered: int, policy: Policy) -> int:
     return policy.check_interval * min(1 << doublings, policy.check_backoff_max)
 
 
-def pending_deadline(half: Message, next_check: int, policy: Policy) -> int:
-    """The next timer of a pending transaction: its next check, or its reserved time if
-    that comes first."""
-    return min(next_check, anchor(half, next_check, policy) + policy.reserved_time)
-
-
-def past_reserved_time(half: Message, now: int, policy: Policy) -> bool:
-    return now - anchor(half, now, policy) >= policy.reserved_time
+def pending_deadline(seen_at: int, next_check: int, policy: Policy) -> int:
+    """The next timer of a pending transaction registered at ``seen_at``: its next check, or
+    its reserved time if that comes first."""
+    return min(next_check, seen_at + policy.reserved_time)

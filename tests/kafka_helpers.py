@@ -139,9 +139,8 @@ def headers_of(record: Any) -> dict[str, str]:
 
 def output_row(kind: str, topic: str, key: bytes | None, value: bytes | None,
                headers: bytes | None = None, record_id: str | None = None,
-               batch_ms: int | None = None, not_before_ms: int | None = None,
-               body_at: tuple[int, int] | None = None) -> OutputRow:
+               batch_ms: int | None = None, not_before_ms: int | None = None) -> OutputRow:
     """An operator output row as the sink takes it; the columns the sink does not read stay
-    null. ``body_at``: where in the half topic its body lies (its value is then null)."""
+    null."""
     return OutputRow(kind, topic, key, value, headers, None, None, None, None, None, None,
-                     record_id, batch_ms, not_before_ms, *(body_at or (None, None)))
+                     record_id, batch_ms, not_before_ms)

@@ -1,4 +1,4 @@
-"""Bodies of held half messages, read back from the half topic by the sink (real tansu broker)."""
+"""Bodies of held half messages, read back from the half topic (real tansu broker)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,11 @@ from typing import Any
 
 import pytest
 
-from sinks.bodies import BodySource, ranges, with_bodies
-from sinks.kafka_sink import SinkOptions, send_rows
+from sources.bodies import OTHER_RECORD, BodySource, ranges, read_bodies
 from txstream.kafka import KafkaSettings, close_quietly, make_admin, make_consumer, make_producer
-from txstream.refusals import Code
-from txstream.schema import Kind
 from txstream.topics import Topics
-from txstream.wire import H, pack_headers
 
-from kafka_helpers import (
-    half_record,
-    headers_of,
-    output_row,
-    produce,
-    read_topic,
-    wait_until,
-)
+from kafka_helpers import half_record, produce, wait_until
 
 
 @pytest.mark.parametrize(("offsets", "want"), [
@@ -52,60 +41,19 @@ def _half_topic(kafka: KafkaSettings, topics: Topics) -> dict[str, int]:
     return {txid: offset for offset, txid in enumerate(names)}
 
 
-def _rows(topics: Topics, at: dict[str, int], real: str) -> list[Any]:
-    def release(txid: str, offset: int) -> Any:
-        headers = pack_headers([(H.TRAN_MSG, b"true"), (H.TRANSACTION_ID, txid.encode())])
-        return output_row(Kind.VISIBLE, real, b"K", None, headers, body_at=(0, offset))
-
-    def check(txid: str, offset: int) -> Any:
-        return output_row(Kind.CHECK, topics.check("G"), txid.encode(), None,
-                          pack_headers([(H.CHECK_TIMES, b"1")]), body_at=(0, offset))
-
-    return [
-        release("tx-a", at["tx-a"]),
-        check("tx-a", at["tx-a"]),  # the same record, for two rows
-        check("tx-b", at["tx-b"]),
-        output_row(Kind.DISCARD, topics.discard, b"tx-c", None, None, body_at=(0, at["tx-c"])),
-        output_row(Kind.HISTORY, topics.history, b"1", b"[]"),  # carries its own value
-        release("tx-x", at["other-5"]),  # another transaction's record lies there
-        check("tx-y", 10_000),  # past the partition's end: gone
-    ]
-
-
-def test_the_sink_reads_each_body_back_and_dead_letters_what_is_gone(
+def test_each_body_is_read_back_once_and_what_is_gone_says_why(
         kafka: KafkaSettings, unique: str) -> None:
     topics = Topics.with_prefix(f"{unique}_")
     at = _half_topic(kafka, topics)
-    options = SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter,
-                          half_topic=topics.half)
-    commit = send_rows(options, _rows(topics, at, f"{unique}_real"))
-    assert commit.counts == {Kind.VISIBLE: 1, Kind.CHECK: 2, Kind.DISCARD: 1, Kind.HISTORY: 1,
-                             Kind.DEAD_LETTER: 2}
-
-    assert [r.value for r in read_topic(kafka, f"{unique}_real")] == [b"body of tx-a"]
-    checks = {r.key: r.value for r in read_topic(kafka, topics.check("G"))}
-    assert checks == {b"tx-a": b"body of tx-a", b"tx-b": b"body of tx-b"}
-    assert [r.value for r in read_topic(kafka, topics.discard)] == [b"body of tx-c"]
-
-    letters = [(r.value, headers_of(r)) for r in read_topic(kafka, topics.dead_letter)]
-    assert [value for value, _ in letters] == [None, None]
-    assert {h[H.DLQ_CODE] for _, h in letters} == {Code.HALF_MESSAGE_LOST}
-    assert [(h[H.DLQ_ORIGIN_TOPIC], h[H.DLQ_ORIGIN_OFFSET]) for _, h in letters] == [
-        (topics.half, str(at["other-5"])), (topics.half, "10000")]
-    reasons = [h[H.DLQ_REASON] for _, h in letters]
-    assert "another transaction's record" in reasons[0]
-    assert "no longer in the topic" in reasons[1]
-    # Everything but the body is kept: whose it was, and what it was.
-    assert letters[0][1][H.TRANSACTION_ID] == "tx-x"
-
-
-def test_rows_that_need_bodies_need_the_half_topic(kafka: KafkaSettings, unique: str) -> None:
-    from txstream.errors import SendFailed
-
-    topics = Topics.with_prefix(f"{unique}_")
-    row = output_row(Kind.CHECK, topics.check("G"), b"t", None, None, body_at=(0, 0))
-    with pytest.raises(SendFailed, match="half_topic"):
-        send_rows(SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter), [row])
+    found, gone = read_bodies(BodySource(kafka, topics.half), {
+        "tx-a": (0, at["tx-a"]), "tx-b": (0, at["tx-b"]), "tx-c": (0, at["tx-c"]),
+        "tx-x": (0, at["other-5"]),  # another transaction's record lies there
+        "tx-y": (0, 10_000),  # past the partition's end: gone
+    })
+    assert found == {txid: f"body of {txid}".encode() for txid in ("tx-a", "tx-b", "tx-c")}
+    assert gone == {"tx-x": OTHER_RECORD,
+                    "tx-y": "is no longer in the topic (its retention is shorter than "
+                            "transactions live)"}
 
 
 # --- a kept consumer's stale end, and a half topic recreated with fewer partitions -----------
@@ -138,7 +86,7 @@ class _Consumer:
 @pytest.fixture
 def consumers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_Consumer]]:
     """Every consumer the body source makes, in order (the first is the kept one)."""
-    import sinks.bodies
+    import sources.bodies
 
     made: list[_Consumer] = []
 
@@ -146,7 +94,7 @@ def consumers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_Consumer]]:
         made.append(_Consumer(make_consumer(settings, **kwargs)))
         return made[-1]
 
-    monkeypatch.setattr(sinks.bodies, "make_consumer", make)
+    monkeypatch.setattr(sources.bodies, "make_consumer", make)
     yield made
     for consumer in made:
         close_quietly(consumer.real)
@@ -190,20 +138,10 @@ def _write(kafka: KafkaSettings, topics: Topics, partition: int, txids: list[str
         producer.close()
 
 
-Prepared = tuple[Any, list[tuple[str, bytes]]]  # a row and its headers, as the sink has them
-
-
-def _release(txid: str, at: tuple[int, int]) -> Prepared:
-    headers = [(H.TRAN_MSG, b"true"), (H.TRANSACTION_ID, txid.encode())]
-    return output_row(Kind.VISIBLE, "orders", b"K", None, pack_headers(headers), body_at=at), \
-        headers
-
-
-def _sent(source: BodySource, topics: Topics, releases: list[Prepared]) -> list[Any]:
-    """What the sink would send for ``releases``: (kind, value, reason) per row."""
-    out = with_bodies(source, releases, topics.dead_letter, 1 << 20)
-    return [(row.kind, row.value, dict(headers).get(H.DLQ_REASON, b"").decode())
-            for row, headers in out]
+def _read(source: BodySource, wanted: dict[str, tuple[int, int]]) -> list[Any]:
+    """(transaction id, body or None, why gone) per wanted body, in order."""
+    found, gone = read_bodies(source, wanted)
+    return [(txid, found.get(txid), gone.get(txid, "")) for txid in wanted]
 
 
 def test_a_kept_consumer_whose_fetch_has_not_come_back_reads_the_body_it_had_no_end_for(
@@ -214,14 +152,14 @@ def test_a_kept_consumer_whose_fetch_has_not_come_back_reads_the_body_it_had_no_
     _create(kafka, topics.half, 1)
     _write(kafka, topics, 0, [f"tx-{i}" for i in range(150)])
     settings = _own(kafka, unique)
-    assert _sent(BodySource(settings, topics.half), topics, [_release("tx-149", (0, 149))]) \
-        == [(Kind.VISIBLE, b"body of tx-149", "")]
+    assert _read(BodySource(settings, topics.half), {"tx-149": (0, 149)}) \
+        == [("tx-149", b"body of tx-149", "")]
     _write(kafka, topics, 0, [f"tx-{i}" for i in range(150, 201)])
 
     kept = consumers[0]
     kept.hold = True
-    assert _sent(BodySource(settings, topics.half), topics, [_release("tx-200", (0, 200))]) \
-        == [(Kind.VISIBLE, b"body of tx-200", "")]
+    assert _read(BodySource(settings, topics.half), {"tx-200": (0, 200)}) \
+        == [("tx-200", b"body of tx-200", "")]
     assert not kept.hold, "the empty poll happened"
     assert len(consumers) == 1, "the kept consumer read it, with no consumer made for it"
 
@@ -250,16 +188,15 @@ def test_a_fetch_the_kept_consumer_sent_ahead_is_no_verdict_on_what_came_after_i
                         for f in kept._fetcher._completed_fetches] == [(150, 160)], 5.0)
     _write(kafka, topics, 0, [f"tx-{i}" for i in range(160, 200)])
 
-    assert _sent(BodySource(settings, topics.half), topics,
-                 [_release("tx-150", (0, 150)), _release("tx-180", (0, 180))]) == [
-        (Kind.VISIBLE, b"body of tx-150", ""), (Kind.VISIBLE, b"body of tx-180", "")]
+    assert _read(BodySource(settings, topics.half), {"tx-150": (0, 150), "tx-180": (0, 180)}) \
+        == [("tx-150", b"body of tx-150", ""), ("tx-180", b"body of tx-180", "")]
 
 
 @pytest.mark.parametrize("read_before", [True, False], ids=["kept-consumer-knew-it", "new"])
 def test_bodies_in_a_partition_the_recreated_half_topic_lacks_are_gone_at_once(
         kafka: KafkaSettings, unique: str, read_before: bool) -> None:
-    """The half topic recreated with 1 partition instead of 3: bodies in partition 2 are
-    dead letters that say so, at once; a body in the new topic is read."""
+    """The half topic recreated with 1 partition instead of 3: bodies in partition 2 are gone,
+    at once, and the reason says so; a body in the new topic is read."""
     topics = Topics.with_prefix(f"{unique}_")
     _create(kafka, topics.half, 3)
     _write(kafka, topics, 2, ["tx-b", "tx-c"])
@@ -275,14 +212,13 @@ def test_bodies_in_a_partition_the_recreated_half_topic_lacks_are_gone_at_once(
     _write(kafka, topics, 0, ["tx-new"])
 
     started = time.monotonic()
-    sent = _sent(BodySource(settings, topics.half), topics,
-                 [_release("tx-new", (0, 0)), _release("tx-b", (2, 0)),
-                  _release("tx-c", (2, 1))])
+    read = _read(BodySource(settings, topics.half),
+                 {"tx-new": (0, 0), "tx-b": (2, 0), "tx-c": (2, 1)})
     took = time.monotonic() - started
-    assert sent[0] == (Kind.VISIBLE, b"body of tx-new", "")
-    assert [(kind, value) for kind, value, _ in sent[1:]] == [(Kind.DEAD_LETTER, None)] * 2
-    for _, _, reason in sent[1:]:
-        assert f"{topics.half}/2" in reason and "partition 2 no longer exists" in reason
+    assert read[0] == ("tx-new", b"body of tx-new", "")
+    assert [(txid, body) for txid, body, _ in read[1:]] == [("tx-b", None), ("tx-c", None)]
+    for _, _, reason in read[1:]:
+        assert "partition 2 no longer exists" in reason
     assert took < 10, f"took {took:.1f} s: a read waited for a partition that is not there"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from state.bucket import FORMAT_VERSION, Bucket
 from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import Status, Transaction
+from state.lifecycle import BodyGone, Status, Transaction
 from state.policy import Policy
 from txstream.message import Decision, EndEvent, Message
 from txstream.topics import Topics
@@ -39,7 +39,10 @@ def every_status() -> Bucket:
     b.apply(end("committed", COMMIT, born_timestamp=T0 + 1), T0 + 1, P)
     b.apply(half("rolled-back"), T0, P)
     b.apply(end("rolled-back", ROLLBACK, remark="boom"), T0 + 1, P)
-    b.apply(half("discarded", born=T0 - P.reserved_time), T0, P)
+    b.apply(half("discarded"), T0 - P.reserved_time, P)  # registered the reserved time ago
+    b.apply(half("lost", queue_id=1, queue_offset=9), T0, P)
+    b.apply(BodyGone("lost", "is no longer in the topic"), T0, P)
+    b.apply(end("lost", COMMIT), T0, P)
     b.apply(end("early", UNKNOWN, from_check=True, check_times=2), T0, P)
     b.apply(end("early", COMMIT, group="OTHER", operator=None), T0, P)
     b.apply(end("early-admin", ROLLBACK, group="ops", operator="alice"), T0, P)
@@ -63,9 +66,9 @@ def test_encode_decode_round_trip() -> None:
     b = every_status()
     back = Bucket.decode(b.encode())
     assert list(back.transactions) == list(b.transactions)  # same order: same timer order
-    # The one half message that knows where it lies (queue id and offset) is kept without its
-    # body; every other field of every transaction comes back as it was.
-    expected = {txid: _without_body(tx) if txid == "pending" else tx
+    # The half messages that know where they lie (queue id and offset) are kept without their
+    # bodies; every other field of every transaction comes back as it was.
+    expected = {txid: _without_body(tx) if txid in ("pending", "lost") else tx
                 for txid, tx in b.transactions.items()}
     assert back.transactions == expected
     assert (back.epoch, back.next_number, back.outcomes) == (b.epoch, b.next_number, b.outcomes)
@@ -197,7 +200,7 @@ def test_timers_due_within_the_lead_run_now_as_of_their_deadlines() -> None:
 
 def test_fire_due_leaves_only_future_deadlines() -> None:
     b = Bucket()
-    b.apply(half("old", born=T0 - P.reserved_time), T0, P)
+    b.apply(half("old"), T0 - P.reserved_time, P)
     b.apply(end("orphan", COMMIT), T0, P)
     b.apply(half("x"), T0, P)
     now = T0 + P.orphan_end_timeout

@@ -14,17 +14,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyspark.sql.types import (
-    BinaryType,
-    ByteType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
-from sources.event_rows import NUM_COLUMNS, arrow_schema, record_row, rows_to_batch
+from sources.event_rows import NUM_COLUMNS, arrow_schema, event_struct, record_row, rows_to_batch
 from sources.events import Malformed, parse_event
 from state.keys import UNROUTABLE, KeyLayout, state_key
 from txstream.message import Decision, EndEvent, Message
@@ -39,14 +30,7 @@ TOPICS = Topics()
 LAYOUT = KeyLayout()
 
 
-def _struct() -> StructType:
-    """EVENT_SCHEMA as Spark hands it to the reader (parsing the DDL would need the JVM)."""
-    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
-             "binary": BinaryType(), "string": StringType()}
-    return StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
-
-
-ARROW = arrow_schema(_struct())
+ARROW = arrow_schema(event_struct())
 
 header_names = st.one_of(
     st.sampled_from(["TRAN_MSG", "REAL_TOPIC", "PGROUP", "BORN_TIMESTAMP", "UNIQ_KEY", "KEYS",

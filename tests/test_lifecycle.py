@@ -10,6 +10,7 @@ from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
 from state.lifecycle import (
     TRANSITIONS,
     Action,
+    BodyGone,
     Status,
     Transaction,
     Trigger,
@@ -38,11 +39,12 @@ from tx_helpers import (
 # --- every entry of TRANSITIONS ----------------------------------------------------------------
 
 
-_EVENT_OF: dict[Trigger, Message | EndEvent] = {
+_EVENT_OF: dict[Trigger, Message | EndEvent | BodyGone] = {
     Trigger.HALF: half(),
     Trigger.COMMIT: end(COMMIT),
     Trigger.ROLLBACK: end(ROLLBACK),
     Trigger.UNKNOWN: end(UNKNOWN),
+    Trigger.BODY_GONE: BodyGone("tx-1", "is no longer in the topic"),
 }
 
 # What each action emits, in order (for a transaction reached by ``_reach``).
@@ -59,6 +61,9 @@ _EFFECTS_OF = {
     Action.CHECK: [RequestCheck, Note],
     Action.EXPIRE: [DeadLetter, Note],
     Action.FORGET: [],
+    Action.MARK_GONE: [Note],
+    Action.RELEASE_AGAIN: [Release, Note],
+    Action.IGNORE: [],
 }
 
 
@@ -104,7 +109,7 @@ def test_every_action_is_reachable_from_the_table() -> None:
 
 def test_resolved_statuses() -> None:
     assert {s for s in Status if s.resolved} == {
-        Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED
+        Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED, Status.LOST
     }
 
 
@@ -210,11 +215,13 @@ def _checked(tx: Transaction, times: int, policy: Policy = P) -> Transaction:
 
 def test_only_an_answer_to_the_latest_check_counts_and_only_once() -> None:
     tx = _checked(registered(), 3)
+    now = tx.check_due  # the latest check is out
+    assert now is not None
     for stale in (1, 2):  # answers to checks a newer one replaced
-        new, _ = apply(tx, answer(UNKNOWN, stale), T0 + 1, P)
+        new, _ = apply(tx, answer(UNKNOWN, stale), now, P)
         assert new is not None and new.checks_answered == 0
     for _ in range(3):  # the latest, and its duplicates
-        new, _ = apply(tx, answer(UNKNOWN, 3), T0 + 1, P)
+        new, _ = apply(tx, answer(UNKNOWN, 3), now, P)
         assert new is not None and new.checks_answered == 1 and new.last_answered == 3
         tx = new
 
@@ -232,7 +239,7 @@ def test_a_group_back_after_twenty_unanswered_checks_is_not_discarded_at_once() 
 def test_answer_without_a_check_number_answers_the_latest_check_once() -> None:
     tx = _checked(registered(), 2)
     for _ in range(4):  # a duplicated answer must not count again
-        new, _ = apply(tx, answer(UNKNOWN, None), T0 + 1, P)
+        new, _ = apply(tx, answer(UNKNOWN, None), tx.check_due or 0, P)
         assert new is not None and new.checks_answered == 1 and new.last_answered == 2
         tx = new
 
@@ -291,13 +298,31 @@ def test_reserved_time_caps_the_deadline_and_discards() -> None:
     assert new is not None and new.status is Status.DISCARDED
 
 
-def test_half_arriving_after_the_reserved_time_is_discarded_at_its_first_timer() -> None:
-    tx = registered(now=T0 + 72 * HOUR, born=T0)
-    assert tx.deadline <= T0 + 72 * HOUR
-    new, effects = on_timeout(tx, T0 + 72 * HOUR, P)
-    assert kinds(effects) == [Discard, Note]
+def test_the_reserved_time_counts_from_registration_not_the_born_time() -> None:
+    # Born 72 h ago by its producer's clock (a clock far behind, or a coordinator catching
+    # up after an outage): checked at once, discarded only 72 h after it was registered.
+    now = T0 + 72 * HOUR
+    tx = registered(now=now, born=T0)
+    assert tx.seen_at == now and tx.deadline <= now  # its first check is due at once
+    new, effects = on_timeout(tx, now, P)
+    assert kinds(effects) == [RequestCheck, Note]
+    assert new is not None and new.deadline <= now + 72 * HOUR
+    _, effects = on_timeout(new, now + 72 * HOUR, P)
     assert isinstance(effects[0], Discard) and "72 h" in effects[0].reason
-    assert new is not None and new.status is Status.DISCARDED
+
+
+def test_a_discard_for_age_waits_until_the_end_topic_is_read_past_its_deadline() -> None:
+    policy = Policy(transaction_timeout=6 * SECOND, check_interval=60 * SECOND,
+                    reserved_time=100 * SECOND, check_max=5)
+    tx = _checked(registered(policy=policy), 2, policy)
+    deadline = T0 + 100 * SECOND
+    assert tx.deadline == deadline
+    for ends_read in (T0, deadline - 1):  # a commit written before the deadline may be unread
+        same, effects = on_timeout(tx, deadline + 5 * SECOND, policy, ends_read)
+        assert same is tx and effects == []
+    new, effects = on_timeout(tx, deadline + 5 * SECOND, policy, deadline)
+    assert kinds(effects) == [Discard, Note] and new is not None
+    assert new.status is Status.DISCARDED
 
 
 # --- outcomes and duplicates ------------------------------------------------------------------
@@ -357,10 +382,14 @@ def test_duplicate_half_changes_nothing() -> None:
 # --- forgetting -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED])
-def test_resolved_transaction_is_forgotten_after_the_retention(status: Status) -> None:
+@pytest.mark.parametrize(("status", "resolved_at"), [
+    (Status.COMMITTED, T0), (Status.ROLLED_BACK, T0), (Status.DISCARDED, T0 + P.reserved_time),
+])
+def test_resolved_transaction_is_forgotten_after_the_retention(status: Status,
+                                                               resolved_at: int) -> None:
     tx = reach(status)
-    assert tx is not None and tx.deadline == T0 + P.resolved_retention
+    assert tx is not None and tx.deadline == resolved_at + P.resolved_retention
+    assert tx.remember_until == resolved_at + P.reserved_time  # its outcome, after that
     same, effects = on_timeout(tx, tx.deadline - 1, P)
     assert same is tx and effects == []
     assert on_timeout(tx, tx.deadline, P) == (None, [])

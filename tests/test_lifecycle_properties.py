@@ -141,7 +141,8 @@ def check_structure(step: Step, policy: Policy) -> None:
         if tx.status is Status.PENDING:
             assert tx.half is not None and tx.half.born_timestamp is not None
             assert tx.next_check is not None and tx.deadline <= tx.next_check
-            assert tx.deadline <= tx.half.born_timestamp + policy.reserved_time
+            assert tx.seen_at is not None
+            assert tx.deadline <= tx.seen_at + policy.reserved_time
             assert tx.checks_answered <= tx.checks_sent
     for tx in b:  # the timing rules: first check, then one every check_interval, backing off
         # while checks go unanswered
@@ -167,9 +168,8 @@ def check_structure(step: Step, policy: Policy) -> None:
         if isinstance(e, Discard | RequestCheck):
             old = step.before[txid_of(e)]
             assert old.status is Status.PENDING and old.deadline <= step.now
-            born_at = e.message.born_timestamp
-            assert born_at is not None
-            give_up = (step.now - born_at >= policy.reserved_time
+            assert old.seen_at is not None  # the reserved time counts from registration
+            give_up = (step.now - old.seen_at >= policy.reserved_time
                        or old.checks_answered >= policy.check_max)
             assert isinstance(e, Discard) == give_up
 

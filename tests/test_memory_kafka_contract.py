@@ -16,9 +16,9 @@ import pytest
 from kafka import TopicPartition
 from kafka.partitioner import murmur2
 
-from sinks.bodies import BodySource
 from sinks.delivery import Delivery
 from sinks.kafka_sink import SinkOptions, send_rows
+from sources.bodies import BodySource, read_bodies
 from txstream.kafka import (
     KafkaSettings,
     fetch_ends,
@@ -297,50 +297,37 @@ def test_body_source_reads_held_bodies_back(memory: World) -> None:
     found = source.read(wanted)
     assert {place: rec.value for place, rec in found.items()} == {
         place: f"body {i}".encode() for i, place in enumerate(at.values())}
-    release = output_row(Kind.VISIBLE, memory.topic("orders"), b"K", None,
-                         pack_headers([(H.TRANSACTION_ID, b"tx-7")]), body_at=at["tx-7"])
-    options = SinkOptions(kafka=memory.settings, dead_letter_topic=topics.dead_letter,
-                          half_topic=topics.half)
-    assert send_rows(options, [release]).counts == {Kind.VISIBLE: 1}
-    assert [r.value for r in read_topic(memory.settings, memory.topic("orders"))] == [b"body 7"]
+    found_by_id, gone = read_bodies(source, {"tx-7": at["tx-7"], "tx-x": at["tx-8"]})
+    assert found_by_id == {"tx-7": b"body 7"} and list(gone) == ["tx-x"]
     _process_died()
 
 
 def test_the_source_plans_and_reads_batches_on_the_memory_broker(memory: World) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable
-    from pyspark.sql.types import (
-        BinaryType,
-        ByteType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
 
+    from sources.event_rows import event_struct
     from sources.kafka_source import KafkaEventReader, SourceOptions
     from txstream.message import Decision
-    from txstream.schema import EVENT_COLUMNS
 
     broker = memory.memory
     assert broker is not None
     topics = Topics.with_prefix(memory.prefix)
-    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
-             "binary": BinaryType(), "string": StringType()}
-    schema = StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
     reader = KafkaEventReader(SourceOptions(kafka=memory.settings, half_topic=topics.half,
-                                            end_topic=topics.end), schema)
+                                            end_topic=topics.end), event_struct())
     start = reader.initialOffset()  # creates both topics, two partitions each
-    assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0}}
+    assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0},
+                     "_ends_read": {"at": 0}}
     records = [half_record(topics, f"tx-{i}", "G", "orders") for i in range(12)]
     records += [end_record(topics, f"tx-{i}", "G", Decision.COMMIT_MESSAGE) for i in range(5)]
     for record in records:
         broker.append(record.topic, record.key, record.value, record.headers)
     end = reader.latestOffset(start, ReadAllAvailable())
+    ends_read = end.pop("_ends_read")
     assert end == {t: {str(p): broker.end_offset(t, p) for p in (0, 1)}
                    for t in (topics.half, topics.end)}
+    end["_ends_read"] = ends_read
     rows = sum(batch.num_rows for part in reader.partitions(start, end)
                for batch in reader.read(part))
-    assert rows == len(records)
+    assert rows == len(records) + 1  # and the batch's progress row
     reader.commit(end)
     _process_died()

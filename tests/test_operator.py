@@ -7,10 +7,12 @@ comes back is checked: the rows emitted, the state saved, the timeout armed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pandas as pd
+import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BinaryType, Row, StructField, StructType
 
@@ -21,6 +23,8 @@ from state.lifecycle import Status
 from state.policy import Policy
 from streaming.engine.operator import coordinator_function
 from streaming.engine.records import coordinator_tag
+from txstream.kafka import KafkaSettings
+from txstream.kafka.memory import MemoryBroker
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EventRow, Kind, OutputRow
 from txstream.topics import Topics
@@ -46,10 +50,29 @@ def group_state(now: int, blob: bytes | None = None, timed_out: bool = False) ->
     )
 
 
+def _half(born: int = T0) -> Message:
+    return Message("orders", b"payload", tags="TagA", keys="K1", transaction_id=TXID,
+                   msg_id=TXID, producer_group="G", born_timestamp=born)
+
+
 def half_row(born: int = T0, offset: int = 0) -> EventRow:
-    msg = Message("orders", b"payload", tags="TagA", keys="K1", transaction_id=TXID,
-                  msg_id=TXID, producer_group="G", born_timestamp=born)
-    return _row(encode_half(msg, TOPICS), True, offset)
+    return _row(encode_half(_half(born), TOPICS), True, offset)
+
+
+KAFKA = KafkaSettings(bootstrap_servers="memory://operator-tests")
+
+
+@pytest.fixture(autouse=True)
+def half_topic() -> Iterator[MemoryBroker]:
+    """The half topic the function reads held bodies back from (in memory): the half message
+    lies at offsets 0 to 9 of its partition 0."""
+    with MemoryBroker("operator-tests", lambda: T0, random.Random(0),
+                      in_flight_probability=0.0) as broker:
+        broker.create_topic(TOPICS.half, 1)
+        record = encode_half(_half(), TOPICS)
+        for _ in range(10):
+            broker.append(record.topic, record.key, record.value, record.headers, partition=0)
+        yield broker
 
 
 def end_row(decision: Decision, offset: int = 0, **fields: Any) -> EventRow:
@@ -64,7 +87,7 @@ def _row(record: Record, is_half: bool, offset: int) -> EventRow:
 def call(state: GroupState, rows: Sequence[EventRow] = ()) -> list[OutputRow]:
     """One call of the coordinator's function, its output frames as rows (nulls as None)."""
     frames = [pd.DataFrame(list(rows), columns=list(EventRow._fields))] if rows else []
-    function = coordinator_function(POLICY, TOPICS)
+    function = coordinator_function(POLICY, TOPICS, KAFKA)
     out = pd.concat(list(function((KEY,), iter(frames), state)), ignore_index=True)
     out = out.astype(object).where(out.notna(), None)
     return [OutputRow._make(r) for r in out.itertuples(index=False, name=None)]
@@ -101,7 +124,6 @@ def test_a_commit_in_the_half_messages_batch_releases_the_body_at_hand() -> None
     rows = call(state, [half_row(offset=7), end_row(Decision.COMMIT_MESSAGE, offset=3)])
     visible = rows[0]
     assert visible.kind == Kind.VISIBLE and visible.value == b"payload"
-    assert (visible.body_partition, visible.body_offset) == (None, None)
 
 
 def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
@@ -114,7 +136,7 @@ def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
     assert kinds(rows) == [Kind.CHECK, Kind.HISTORY, Kind.TIMER]
     check = rows[0]
     assert check.topic == TOPICS.check("G") and check.key == TXID.encode()
-    assert check.value is None and (check.body_partition, check.body_offset) == (0, 0)
+    assert check.value == b"payload"  # read back from where the half message lies
     # Made ahead of its deadline, so the sink must hold it until then.
     assert check.not_before_ms == due and check.lag_ms == 0
     headers = dict(unpack_headers(check.headers))
@@ -132,17 +154,16 @@ def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
     rows = call(later, [end_row(Decision.COMMIT_MESSAGE, born_timestamp=T0 + 900)])
     assert kinds(rows) == [Kind.VISIBLE, Kind.HISTORY, Kind.TIMER]
     visible = rows[0]
-    # Its body is read back from where the half message lies (sinks.bodies).
-    assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", None)
-    assert (visible.body_partition, visible.body_offset) == (0, 0)
+    # Its body is read back from where the half message lies (sources.bodies).
+    assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", b"payload")
     assert visible.lag_ms == 100 and visible.not_before_ms is None
     tx = saved(later).get(TXID)
     assert tx is not None and tx.status is Status.COMMITTED and tx.half is None
     assert later._timeout_timestamp == T0 + 1_000 + 120_000  # no lead: only checks run ahead
-    # Once forgotten, the key keeps the outcome alone, until the half's reserved time ...
+    # Once forgotten, the key keeps the outcome alone, the reserved time after the commit ...
     kept = group_state(T0 + 121_000, later.get[0], timed_out=True)
     rows = call(kept)
-    reserved_end = T0 + POLICY.reserved_time
+    reserved_end = T0 + 1_000 + POLICY.reserved_time
     assert kinds(rows) == [Kind.TIMER] and rows[0].not_before_ms == reserved_end
     assert saved(kept).get(TXID) is None and len(saved(kept).outcomes) == 1
     # ... then it is empty: its state is removed and its timer cleared.
@@ -174,3 +195,50 @@ def test_an_unreadable_or_malformed_record_is_dead_lettered_and_changes_nothing(
     reasons = [dict(unpack_headers(r.headers))[H.DLQ_REASON] for r in rows[:2]]
     assert reasons[0] == b"bad CRC" and b"packed headers" in reasons[1]
     assert not state.exists and rows[-1].not_before_ms is None
+
+
+def _history(rows: Sequence[OutputRow]) -> list[dict[str, Any]]:
+    from txstream.outputs import decode_history
+
+    return [n for r in rows if r.kind == Kind.HISTORY for n in decode_history(r.value, r.key)]
+
+
+def test_a_commit_whose_body_is_gone_is_no_release_and_the_half_sent_again_is() -> None:
+    state = group_state(T0)
+    call(state, [half_row(offset=40)])  # held without its body: nothing lies at offset 40
+    later = group_state(T0 + 1_000, state.get[0])
+    rows = call(later, [end_row(Decision.COMMIT_MESSAGE, offset=5)])
+    assert kinds(rows) == [Kind.DEAD_LETTER, Kind.HISTORY, Kind.TIMER]
+    letter, history = rows[0], _history(rows)
+    headers = dict(unpack_headers(letter.headers))
+    # In the transaction's own story: keyed by its id, the half message without its body.
+    assert letter.key == TXID.encode() and letter.value is None
+    assert headers[H.DLQ_CODE] == b"HALF_MESSAGE_LOST"
+    assert f"{TOPICS.half}/0 offset 40".encode() in headers[H.DLQ_REASON]
+    assert [n["event"] for n in history] == ["body_gone", "release_lost"]
+    assert saved(later).get(TXID).status is Status.LOST  # type: ignore[union-attr]
+    # The half message sent again (same transaction id) is released, once.
+    again = group_state(T0 + 2_000, later.get[0])
+    rows = call(again, [half_row(offset=3)])
+    assert kinds(rows) == [Kind.VISIBLE, Kind.HISTORY, Kind.TIMER]
+    assert rows[0].value == b"payload"
+    assert saved(again).get(TXID).status is Status.COMMITTED  # type: ignore[union-attr]
+
+
+def _watermarked(now: int, blob: bytes, ends_read: int) -> GroupState:
+    state = group_state(now, blob, timed_out=True)
+    state._event_time_watermark_ms, state._watermark_present = ends_read, True
+    return state
+
+
+def test_a_discard_for_age_waits_for_the_end_topic_to_be_read_past_it() -> None:
+    state = group_state(T0)
+    call(state, [half_row()])
+    blob = state.get[0]
+    due = T0 + POLICY.reserved_time
+    behind = _watermarked(due + 5_000, blob, ends_read=due - 1)  # a commit may be unread
+    rows = call(behind)
+    assert kinds(rows) == [Kind.TIMER] and behind._timeout_timestamp == due + 5_000 + 1
+    read = _watermarked(due + 6_000, behind.get[0], ends_read=due)
+    rows = call(read)
+    assert kinds(rows) == [Kind.DISCARD, Kind.HISTORY, Kind.TIMER]

@@ -42,7 +42,7 @@ def test_an_older_state_starts_a_numbering_at_the_batch_time() -> None:
     bucket = Bucket()
     bucket.apply(half, T0, Policy())
     version, rows, *_ = pickle.loads(bucket.encode())
-    assert version == FORMAT_VERSION == 5
+    assert version == FORMAT_VERSION == 6
     old = Bucket.decode(pickle.dumps((2, rows)))
     assert (old.epoch, old.next_number, len(old)) == (None, 0, 1)
     assert old.take_numbers(1, T0 + 7) == (T0 + 7, 0)

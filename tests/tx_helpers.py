@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from state.lifecycle import Status, Transaction, apply, on_timeout
+from state.lifecycle import BodyGone, Status, Transaction, apply, on_timeout
 from state.policy import Policy
 from txstream.message import Decision, EndEvent, Message
 
@@ -86,8 +86,11 @@ def reach(status: Status | None) -> Transaction | None:
     if status is Status.PENDING:
         return tx
     if status is Status.DISCARDED:
-        old = registered(born=T0 - P.reserved_time)
-        tx, _ = on_timeout(old, T0, P)
+        tx, _ = on_timeout(tx, T0 + P.reserved_time, P)
+        return tx
+    if status is Status.LOST:
+        tx, _ = apply(tx, BodyGone("tx-1", "is no longer in the topic"), T0, P)
+        tx, _ = apply(tx, end(COMMIT), T0, P)
         return tx
     decision = COMMIT if status is Status.COMMITTED else ROLLBACK
     tx, _ = apply(tx, end(decision), T0, P)

@@ -36,10 +36,17 @@ __all__ = [
 
 
 class EventKind:
-    """Values of ``EventRow.kind``: the topic a record was read from."""
+    """Values of ``EventRow.kind``: the topic a record was read from, or what the source tells
+    the operator."""
 
     HALF = 0
     END = 1
+    # The outcome of a transaction decided before the checkpoint existed, recovered from the
+    # history topic by a new checkpoint (key: the transaction id, value: its status).
+    OUTCOME = 2
+    # One per micro-batch, no record: ``ends_read`` says how far the end topic has been read,
+    # on the coordinator's clock; Spark's event-time watermark carries it to every state key.
+    PROGRESS = 3
 
 
 class Kind:
@@ -73,6 +80,9 @@ class EventRow(NamedTuple):
     error: Annotated[str | None, "string"]  # the Kafka client could not read the record at all
     # The record's timestamp (ms): when the broker stored it, with LogAppendTime topics.
     timestamp: Annotated[int | None, "bigint"]
+    # PROGRESS rows only (microseconds, Spark's timestamp): every end-topic record written
+    # before this time has been read, in this micro-batch or before (the query's watermark).
+    ends_read: Annotated[int | None, "timestamp"]
 
 
 class OutputRow(NamedTuple):
@@ -100,12 +110,6 @@ class OutputRow(NamedTuple):
     # A timer's record made ahead of its deadline (state.policy.Policy.timer_lead): the sink
     # sends it no earlier than this. Null: at once. A TIMER row: the key's next timeout.
     not_before_ms: Annotated[int | None, "bigint"]
-    # Where the record's value lies: a pending transaction's state keeps where its half message
-    # lies, not its body, so its release, checks and discard leave ``value`` null and name the
-    # half topic's partition and offset; the sink reads the body back (sinks.bodies,
-    # docs/decisions/0021-bodies-read-back.md). Null: ``value`` is the record's value.
-    body_partition: Annotated[int | None, "int"]
-    body_offset: Annotated[int | None, "bigint"]
 
 
 def columns_of(row: type[tuple[object, ...]]) -> tuple[tuple[str, str], ...]:

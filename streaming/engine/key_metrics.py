@@ -19,9 +19,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from state.bucket import Bucket
-from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from state.effects import (
+    BodyLost,
+    DeadLetter,
+    Discard,
+    DiscardCause,
+    Effect,
+    Note,
+    Release,
+    RequestCheck,
+)
 from state.lifecycle import Transaction
 from txstream.message import Decision, EndEvent, Message
+from txstream.refusals import Code
 
 __all__ = ["BUCKETS_MS", "Counted", "Timed", "KeyTally", "OUTCOME", "KEY_SUMMARIES",
            "decode_summary"]
@@ -92,7 +102,7 @@ class KeyTally:
     def time(self, name: str, ms: int) -> None:
         self.timings.setdefault(name, []).append(max(0, ms))
 
-    def applied(self, event: Message | EndEvent, before: Transaction | None,
+    def applied(self, event: object, before: Transaction | None,
                 effects: Iterable[Effect]) -> None:
         """An event applied to the key, the effects it had; ``before``: its transaction as
         it was (the group and topic of a rollback: a resolved transaction keeps no body)."""
@@ -121,6 +131,12 @@ class KeyTally:
                            effect.cause)
             elif isinstance(effect, DeadLetter):
                 self.count(Counted.DEAD_LETTERS, effect.code)
+            elif isinstance(effect, BodyLost):
+                # Not released, not on the discard topic: a dead letter says why.
+                self.count(Counted.DEAD_LETTERS, Code.HALF_MESSAGE_LOST)
+                if effect.instead_of == "discard":
+                    self.count(Counted.DISCARDS, effect.message.producer_group,
+                               effect.message.topic, DiscardCause.HALF_MESSAGE_LOST)
 
     def _note(self, note: Note, half: Message | None) -> None:
         if note.event == "half":

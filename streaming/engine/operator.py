@@ -1,14 +1,18 @@
 """The ``applyInPandasWithState`` function: a thin adapter around the pure core.
 
-Per call (one state key, one micro-batch): decode the key's state, decode each record
-(:func:`sources.events.parse_event`) and apply it, run the timers that are due (or due within
-``Policy.timer_lead``), encode the state back, arm the key's processing-time timeout at its
-earliest transaction deadline less that lead, and turn the core's effects into records to
-write, plus one timer row with the key's new timeout for the driver's timer schedule
-(:mod:`txstream.timer_schedule`) and the call's metrics (:mod:`streaming.engine.key_metrics`).
-``now`` is Spark's batch timestamp, which a replayed batch keeps, so a replay emits exactly
-what the first run emitted (with the same lead), under the same record ids
-(:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
+Per call (one state key, one micro-batch): decode the key's state and each record
+(:func:`sources.events.parse_event`), read back the bodies of held half messages the call may
+write (:mod:`sources.bodies`: a body that is gone is told to the core before any
+event, so nothing claims a release it cannot make), apply the events, run the timers that are
+due (or due within ``Policy.timer_lead``; a discard for age only once the end topic has been
+read past its deadline: the query's event-time watermark, fed by the source's PROGRESS rows),
+encode the state back, arm the key's processing-time timeout at its earliest transaction
+deadline less that lead, and turn the core's effects into records to write, plus one timer row
+with the key's new timeout for the driver's timer schedule (:mod:`txstream.timer_schedule`) and
+the call's metrics (:mod:`streaming.engine.key_metrics`). ``now`` is Spark's batch timestamp,
+and the watermark is the batch's, both kept by a replayed batch, so a replay emits what the
+first run emitted (with the same lead), under the same record ids (:func:`record_id`): that is
+what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sources.bodies import BodySource, read_bodies
 from sources.events import Malformed, parse_event
 from state.bucket import Bucket
 from state.effects import Note
+from state.lifecycle import BodyGone, Event
 from state.policy import Policy
 from streaming.engine.key_metrics import Counted, KeyTally
 from streaming.engine.records import (
@@ -35,24 +41,30 @@ from streaming.engine.records import (
     records_for,
     timer_row,
 )
-from txstream.message import MAX_BODY_BYTES, EndEvent
+from txstream.kafka import KafkaSettings
+from txstream.message import MAX_BODY_BYTES, Decision, EndEvent
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.refusals import Code
-from txstream.schema import EventRow
+from txstream.schema import EventKind, EventRow
 from txstream.spark_worker import settle
 from txstream.topics import Topics
 
-__all__ = ["coordinator_function", "in_replay_order"]
+__all__ = ["coordinator_function", "in_replay_order", "ends_read_of"]
 
-_INPUT = EventRow._fields[1:]  # all but the state key, which the call is for
+# All but the state key, which the call is for, and the progress time, which reaches every key
+# as the watermark instead.
+_INPUT = tuple(f for f in EventRow._fields[1:] if f != "ends_read")
+# Recovered outcomes first (a re-read event then finds them), then half messages (an end event
+# in the same batch then finds its half), then end events; progress rows carry nothing to apply.
+_RANK = np.array([1, 2, 0, 3], dtype=np.int8)  # by EventKind: HALF, END, OUTCOME, PROGRESS
 
 
 def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
     """The key's rows in an order that does not depend on how the shuffle delivered them.
 
-    Half messages first (an end event in the same batch then finds its half), then by source
-    partition and offset; one transaction's end events share a partition, so their order holds.
-    A replayed batch thus applies the same events in the same order and emits the same records.
+    Recovered outcomes, then half messages, then end events, each by source partition and
+    offset; one transaction's end events share a partition, so their order holds. A replayed
+    batch thus applies the same events in the same order and emits the same records.
     """
     parts = [f for f in frames if len(f)]
     if not parts:
@@ -60,8 +72,20 @@ def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]
     frame = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
     columns = [frame[name].to_numpy() for name in _INPUT]
     kind, partition, offset = columns[0], columns[1], columns[2]
-    order = np.lexsort((offset, partition, kind))  # EventKind.HALF sorts first
+    order = np.lexsort((offset, partition, _RANK[kind.astype(np.int64)]))
     return zip(*(column[order].tolist() for column in columns), strict=True)
+
+
+def ends_read_of(state: Any, now: int) -> int:
+    """How far the end topic has been read: the query's event-time watermark, which the
+    source's PROGRESS rows set (the coordinator's query always defines it). A function run
+    without one (a query that reads no end topic, a test) reads ``now``."""
+    if not getattr(state, "_watermark_present", True):
+        return now
+    try:
+        return int(state.getCurrentWatermarkMs())
+    except Exception:  # no watermark in this query
+        return now
 
 
 def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
@@ -80,30 +104,63 @@ def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
 
 
 def coordinator_function(
-    policy: Policy, topics: Topics, max_body: int = MAX_BODY_BYTES,
-    max_record: int = KAFKA_MAX_MESSAGE_BYTES,
+    policy: Policy, topics: Topics, kafka: KafkaSettings | None = None,
+    max_body: int = MAX_BODY_BYTES, max_record: int = KAFKA_MAX_MESSAGE_BYTES,
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
     """The function for ``groupBy("state_key").applyInPandasWithState``.
 
-    ``max_body``: a bigger half message is dead-lettered (RocketMQ's maxMessageSize);
-    ``max_record``: the largest record the coordinator may write (``--max-message-bytes``): a
-    half message whose records would be bigger is refused as it comes, and a dead letter too
-    big to carry the refused record carries a reference to it. The history rows are always
-    emitted: the query's counters are read from them before ``--no-history`` filters them out.
+    ``kafka``: where held half messages' bodies are read back from (None: a function whose
+    state never holds one without its body); ``max_body``: a bigger half message is
+    dead-lettered (RocketMQ's maxMessageSize); ``max_record``: the largest record the
+    coordinator may write (``--max-message-bytes``): a half message whose records would be
+    bigger is refused as it comes, and a dead letter too big to carry the refused record
+    carries a reference to it. The history rows are always emitted: the query's counters are
+    read from them before ``--no-history`` filters them out.
     """
     tag = coordinator_tag(topics)
+    bodies = BodySource(kafka, topics.half) if kafka is not None else None
 
-    def apply_events(bucket: Bucket, frames: Iterator[pd.DataFrame], now: int,
-                     notes: list[Note], tally: KeyTally) -> list[Emit]:
-        rows: list[Emit] = []
+    def decode_rows(bucket: Bucket, frames: Iterator[pd.DataFrame], now: int,
+                    rows: list[Emit], tally: KeyTally) -> list[Event]:
+        """The call's events in replay order; a record that is no event becomes its dead
+        letter, a recovered outcome is remembered."""
+        events: list[Event] = []
         for kind, partition, offset, k, v, h, error, stamp in in_replay_order(frames):
+            if kind == EventKind.PROGRESS:
+                continue
+            if kind == EventKind.OUTCOME:
+                bucket.recall_outcome(bytes(k).decode("utf-8"), bytes(v).decode("ascii"),
+                                      now + policy.reserved_time, now)
+                continue
             event = (parse_event(kind, k, v, h, partition, offset, max_body, max_record, stamp)
                      if error is None else Malformed(error, Code.UNREADABLE))
             if isinstance(event, Malformed):
                 rows.append(dead_letter_of_record(kind, k, v, h, partition, offset, event,
                                                   topics, max_record))
                 tally.count(Counted.DEAD_LETTERS, event.code)
-                continue
+            else:
+                events.append(event)
+        return events
+
+    def bodies_gone(bucket: Bucket, events: list[Event], now: int, ends_read: int
+                    ) -> list[BodyGone]:
+        """Read back the bodies this call may write; those that are gone, as events."""
+        commits = [e.transaction_id for e in events if isinstance(e, EndEvent)
+                   and e.decision is Decision.COMMIT_MESSAGE and e.transaction_id]
+        wanted = bucket.bodies_wanted(commits, now, policy.timer_lead, policy, ends_read)
+        if not wanted:
+            return []
+        if bodies is None:
+            raise ValueError("held half messages need their bodies read back: the coordinator "
+                             "function was made without Kafka settings")
+        found, gone = read_bodies(bodies, wanted)
+        for txid, body in found.items():
+            bucket.attach_body(txid, body)
+        return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
+
+    def apply_events(bucket: Bucket, events: list[Event], now: int, rows: list[Emit],
+                     notes: list[Note], tally: KeyTally) -> None:
+        for event in events:
             # Decoded here or by apply, once: an end event's transaction as it was.
             before = (bucket.get(event.transaction_id)
                       if isinstance(event, EndEvent) and event.transaction_id else None)
@@ -111,22 +168,26 @@ def coordinator_function(
             rows.extend(records_for(effects, now, topics, limit=max_record))
             notes.extend(e for e in effects if isinstance(e, Note))
             tally.applied(event, before, effects)
-        return rows
 
     def coordinate(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
         settle()
         now = int(state.getCurrentProcessingTimeMs())
+        ends_read = ends_read_of(state, now)
         state_key = int(key[0])
         bucket = Bucket.decode(state.get[0] if state.exists else None)
         notes: list[Note] = []
         tally = KeyTally(now)
-        rows = apply_events(bucket, frames, now, notes, tally)
+        rows: list[Emit] = []
+        events = decode_rows(bucket, frames, now, rows, tally)
+        # A body that is gone is told first: no event or timer then claims to write it.
+        gone: list[Event] = list(bodies_gone(bucket, events, now, ends_read))
+        apply_events(bucket, gone + events, now, rows, notes, tally)
         # Events first: a commit in this batch spares the transaction a check due now.
         # Timers due within the lead run now, as of their deadlines, and the sink holds their
         # records until then: the batch's own run time is then mostly behind them.
-        for at, fired in bucket.run_timers(now, policy.timer_lead, policy):
+        for at, fired in bucket.run_timers(now, policy.timer_lead, policy, ends_read):
             rows.extend(records_for(fired, now, topics, not_before=at if at > now else None,
                                     limit=max_record))
             notes.extend(e for e in fired if isinstance(e, Note))

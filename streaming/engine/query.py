@@ -76,8 +76,9 @@ def _observed_metrics() -> list[Any]:
 
 
 def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
-    """The half and end topics as a stream of ``EventRow`` (``txstream-events``); with a
-    ``timer_file``, a batch also runs when a timer in it is due."""
+    """The half and end topics as a stream of ``EventRow`` (``txstream-events``), with the
+    progress time as its watermark; with a ``timer_file``, a batch also runs when a timer in
+    it is due."""
     from sources.kafka_source import register
 
     register(spark)  # both data sources: the events source and the records sink
@@ -90,8 +91,13 @@ def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
         read_tasks=spark.sparkContext.defaultParallelism,
         max_offsets_per_trigger=config.max_offsets_per_trigger or None,
         timer_file=str(timer_file) if timer_file else None,
+        journal_topic=config.topics.history,
     )
-    return spark.readStream.format("txstream-events").options(**to_options(options)).load()
+    # The progress time of each batch (a PROGRESS row, sources.progress) becomes the query's
+    # event-time watermark, which Spark hands to every state key's call of the next batch:
+    # how far the end topic has been read (docs/decisions/0022-trusted-time.md).
+    return (spark.readStream.format("txstream-events").options(**to_options(options)).load()
+            .withWatermark("ends_read", "0 seconds"))
 
 
 def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
@@ -112,8 +118,7 @@ def record_writer(outputs: Any, config: RunConfig, timer_file: Path | None) -> A
     with a ``timer_file``, each committed batch folds its keys' timeouts into it."""
     options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None,
                           dead_letter_topic=config.topics.dead_letter,
-                          max_message_bytes=config.max_message_bytes,
-                          half_topic=config.topics.half)
+                          max_message_bytes=config.max_message_bytes)
     return (
         outputs.writeStream.format("txstream-records")
         .options(**to_options(options))
@@ -128,7 +133,7 @@ def build_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The coordinator's DataStreamWriter, not yet started."""
     from pyspark.sql import functions as F
 
-    function = coordinator_function(config.policy, config.topics,
+    function = coordinator_function(config.policy, config.topics, config.kafka,
                                     max_record=config.max_message_bytes)
     outputs = stateful_outputs(event_stream(spark, config, timer_file), function)
     if not config.history:

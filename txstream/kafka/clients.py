@@ -22,7 +22,8 @@ from txstream.kafka.memory_clients import MemoryProducer, check_memory_broker, m
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
-           "TopicTrackingProducer", "cached_client", "drop_cached_client", "close_quietly",
+           "TopicTrackingProducer", "cached_client", "drop_cached_client", "clear_cached_clients",
+           "close_quietly",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
 T = TypeVar("T")
@@ -225,4 +226,14 @@ def drop_cached_client(key: Hashable) -> None:
     with _CACHED_LOCK:
         client = _CACHED.pop(key, None)
     if client is not None:
+        close_quietly(client)
+
+
+def clear_cached_clients() -> None:
+    """Forget (and close) every kept client, as a process that starts again has none (a
+    simulated process restart)."""
+    with _CACHED_LOCK:
+        clients = list(_CACHED.values())
+        _CACHED.clear()
+    for client in clients:
         close_quietly(client)

@@ -44,6 +44,7 @@ def _assign(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]) -
 def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int],
                timeout_s: float) -> dict[Position, int]:
     """Every partition's end offset, from one fetch per partition at ``starts`` (default 0).
+    A partition that does not exist (any more: its topic re-created with fewer) has none.
 
     Fetching at the last known end makes the broker send (nearly) no records back; a consumer
     made with ``max_partition_fetch_bytes=1`` keeps even that small.
@@ -54,6 +55,7 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
     pending = list(tps)
     _assign(consumer, pending, starts)
     deadline = time.monotonic() + timeout_s
+    polls = 0
     while pending:
         if time.monotonic() > deadline:
             missing = sorted(f"{tp.topic}/{tp.partition}" for tp in pending)
@@ -71,9 +73,23 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
             if hw is not None:
                 ends[(tp.topic, tp.partition)] = hw
         pending = [tp for tp in pending if (tp.topic, tp.partition) not in ends]
+        polls += 1
+        if pending and polls == _POLLS_BEFORE_METADATA:
+            # A partition that has no leader is never fetched: ask the broker what exists.
+            pending = _existing(consumer, pending)
         if corrupt and pending:
             _assign(consumer, pending, starts)
     return ends
+
+
+# Polls without an end before the broker is asked which partitions exist (a round trip).
+_POLLS_BEFORE_METADATA = 5
+
+
+def _existing(consumer: Any, tps: Sequence[Any]) -> list[Any]:
+    """The partitions of ``tps`` that the broker's metadata lists now."""
+    consumer.topics()  # a fresh metadata request
+    return [tp for tp in tps if tp.partition in (consumer.partitions_for_topic(tp.topic) or ())]
 
 
 def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0

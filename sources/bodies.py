@@ -1,19 +1,18 @@
-"""The bodies of held half messages, read back from the half topic when their records are sent.
+"""The bodies of held half messages, read back from the half topic by where they lie.
 
 A pending transaction's state keeps where its half message lies, not its body
-(``state.bucket``): its release, checks and discard come to the sink with a null value and the
-half topic's partition and offset (``OutputRow.body_partition``, ``body_offset``). A task reads
-all the bodies its rows need at once: per half partition, the wanted offsets in a few ranges
-(offsets close together in one read), and each record read is used for every row that needs
-it (a check and a release of one message in one batch).
-Why: docs/decisions/0021-bodies-read-back.md.
+(``state.bucket``, docs/decisions/0021-bodies-read-back.md). Before the core decides anything in
+a call, the operator reads back the bodies of every held half message the call may write (the
+commits it reads, the checks and discards its timers may send): all of them at once, per half
+partition, the wanted offsets in a few ranges (offsets close together in one read)
+(:func:`read_bodies`). A body that is gone is told to the core as an event, so nothing claims a
+release it cannot make.
 
-The record read back must be the half message of the row's transaction (its key is the
-transaction id). One that is gone (the half topic's retention ran out before the transaction
-ended; its partition no longer exists, the topic recreated with fewer) or is another record
-(the topic was recreated under a checkpoint) cannot be sent: the row becomes a dead letter that
-carries everything but the body and says where the body was. A broker that cannot be read
-fails the batch, which then runs again.
+The record read back must be the half message of the transaction (its key is the transaction
+id). One that is gone (the half topic's retention ran out before the transaction ended; its
+partition no longer exists, the topic recreated with fewer) or is another record (the topic was
+recreated under a checkpoint) cannot be sent. A broker that cannot be read fails the call, and
+so the micro-batch, which then runs again.
 
 Reads use the process's kept consumer, whose idea of a partition's end may be older than the
 read: kafka-python keeps the high watermark of a fetch it sent ahead and buffered. So a read
@@ -27,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from txstream.errors import SendFailed
@@ -42,13 +41,8 @@ from txstream.kafka import (
     make_consumer,
     read_range,
 )
-from txstream.outputs import encode_dead_letter
-from txstream.refusals import Code
-from txstream.schema import Kind, OutputRow
-from txstream.topics import Topics
-from txstream.wire import H, Record, pack_headers
 
-__all__ = ["BodySource", "needs_body", "ranges", "with_bodies"]
+__all__ = ["BodySource", "ranges", "read_bodies", "OTHER_RECORD"]
 
 # Wanted offsets at most this far apart are read in one range: reading the records between
 # them costs less than another fetch round trip.
@@ -61,13 +55,10 @@ log = logging.getLogger(__name__)
 # A read-back slower than this is logged: it delays the batch's records (docs/operations.md).
 SLOW_READ_S = 0.25
 
-Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 Position = tuple[int, int]  # (partition, offset) in the half topic
 ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with (read_range)
 
-
-def needs_body(row: OutputRow) -> bool:
-    return row.body_offset is not None and row.body_partition is not None
+OTHER_RECORD = "is another transaction's record (was the half topic recreated?)"
 
 
 def ranges(offsets: Iterable[int], gap: int = RANGE_GAP) -> list[tuple[int, int]]:
@@ -193,62 +184,24 @@ class BodySource:
         return {p["partition_index"] for p in topic["partitions"]}
 
 
-def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
-    """The transaction a row is for: a release names it in a header, a check or a discard in
-    its key."""
-    for name, value in headers:
-        if name == H.TRANSACTION_ID:
-            return value
-    return row.key
-
-
-def _lost(prepared: Prepared, half_topic: str, why: str, dead_letter_topic: str,
-          limit: int) -> Prepared:
-    """A row whose body cannot be read back, as a dead letter of everything but the body."""
-    row, headers = prepared
-    assert row.body_partition is not None and row.body_offset is not None
-    kept = tuple((name, value) for name, value in headers if name != H.RECORD_ID)
-    reason = (f"the {row.kind} record for {row.topic} cannot be sent: the body of its half "
-              f"message, {half_topic}/{row.body_partition} offset {row.body_offset}, {why}")
-    record = encode_dead_letter(Record(half_topic, row.key, None, kept), reason,
-                                Code.HALF_MESSAGE_LOST, (row.body_partition, row.body_offset),
-                                Topics(dead_letter=dead_letter_topic), limit)
-    with_id = [*record.headers,
-               *([(H.RECORD_ID, row.record_id.encode("ascii"))] if row.record_id else [])]
-    letter = row._replace(kind=Kind.DEAD_LETTER, topic=record.topic, key=record.key, value=None,
-                          headers=pack_headers(with_id), body_partition=None, body_offset=None)
-    return letter, with_id
-
-
-def with_bodies(source: BodySource | None, rows: list[Prepared], dead_letter_topic: str | None,
-                limit: int) -> list[Prepared]:
-    """``rows`` with every body that lies in the half topic read back into its value."""
-    wanted: dict[int, set[int]] = {}
-    for row, _ in rows:
-        if needs_body(row):
-            wanted.setdefault(row.body_partition, set()).add(row.body_offset)  # type: ignore[arg-type]
-    if not wanted:
-        return rows
-    if source is None or dead_letter_topic is None:
-        raise SendFailed("records whose bodies lie in the half topic need the sink's options "
-                         "half_topic and dead_letter_topic")
-    found = source.read(wanted)
-    out: list[Prepared] = []
-    for prepared in rows:
-        row, headers = prepared
-        if not needs_body(row):
-            out.append(prepared)
-            continue
-        rec = found.get((row.body_partition, row.body_offset))  # type: ignore[arg-type]
+def read_bodies(source: BodySource, wanted: Mapping[str, Position]
+                ) -> tuple[dict[str, bytes], dict[str, str]]:
+    """``wanted``: {transaction id: where its half message lies}. Returns the bodies found, and
+    why each other one cannot be read (the end of a sentence about the body)."""
+    positions: dict[int, set[int]] = {}
+    for partition, offset in wanted.values():
+        positions.setdefault(partition, set()).add(offset)
+    records = source.read(positions)
+    found: dict[str, bytes] = {}
+    gone: dict[str, str] = {}
+    for txid, (partition, offset) in wanted.items():
+        rec = records.get((partition, offset))
         if rec is None:
-            why = source.why_missing(row.body_partition)  # type: ignore[arg-type]
+            gone[txid] = source.why_missing(partition)
         elif isinstance(rec, Unreadable):
-            why = f"cannot be read: {rec.error}"
-        elif rec.key != _transaction_id(row, headers):
-            why = "is another transaction's record (was the half topic recreated?)"
+            gone[txid] = f"cannot be read: {rec.error}"
+        elif rec.key != txid.encode("utf-8"):
+            gone[txid] = OTHER_RECORD
         else:
-            out.append((row._replace(value=rec.value, body_partition=None, body_offset=None),
-                        headers))
-            continue
-        out.append(_lost(prepared, source.topic, why, dead_letter_topic, limit))
-    return out
+            found[txid] = bytes(rec.value) if rec.value is not None else b""
+    return found, gone

@@ -1,0 +1,99 @@
+"""A new checkpoint over topics a coordinator used before: what it decided, read back first.
+
+A checkpoint is where the coordinator remembers what it decided. A new one (a lost or deleted
+checkpoint directory, a new deployment over the same topics) or a partition read again from
+its start (``fail_on_data_loss=false``) makes the source read half messages and end events it
+has read before: without what was decided about them, a committed message would be released
+a second time. So before any half or end record is read again, the source reads the history
+topic (the coordinator's own journal of every decision) up to where it ended when the reset
+began, and hands each outcome to the transaction's state key as an OUTCOME row: a half message
+or end event read again then meets its outcome, as a duplicate (docs/decisions/0023-recovery.md).
+
+The stream offset carries the recovery: ``"_journal": {"at": {partition: next offset},
+"to": {partition: end}}``; it is done when ``at`` reaches ``to``. Pure, but for the records it
+is handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from sources.event_rows import outcome_row
+from state.keys import KeyLayout
+from txstream.errors import MalformedRecord
+from txstream.outputs import decode_history
+from txstream.schema import EventRow
+
+__all__ = ["JOURNAL", "OUTCOME_OF", "Journal", "outcome_rows"]
+
+# The stream offset's entry for a recovery from the history topic.
+JOURNAL = "_journal"
+
+# The history events that end a transaction, and the outcome each one leaves. A lost release
+# was a commit: its half message read again is a duplicate.
+OUTCOME_OF = {"released": "COMMITTED", "rolled_back": "ROLLED_BACK",
+              "discarded": "DISCARDED", "release_lost": "COMMITTED"}
+
+
+class Journal:
+    """The recovery entry of a stream offset: how far the history topic has been read back,
+    and up to where it must be before half and end records are read again."""
+
+    def __init__(self, at: Mapping[int, int], to: Mapping[int, int]) -> None:
+        self.at = {p: int(o) for p, o in at.items()}
+        self.to = {p: int(o) for p, o in to.items()}
+
+    @classmethod
+    def starting(cls, ends: Mapping[int, int]) -> Journal | None:
+        """A recovery of the history topic as it ends now (None: it holds nothing)."""
+        to = {p: end for p, end in ends.items() if end > 0}
+        return cls({p: 0 for p in to}, to) if to else None
+
+    @classmethod
+    def of(cls, entry: Any) -> Journal | None:
+        if not entry:
+            return None
+        return cls({int(p): o for p, o in entry["at"].items()},
+                   {int(p): o for p, o in entry["to"].items()})
+
+    def entry(self) -> dict[str, dict[str, int]]:
+        return {"at": {str(p): self.at[p] for p in sorted(self.at)},
+                "to": {str(p): self.to[p] for p in sorted(self.to)}}
+
+    @property
+    def done(self) -> bool:
+        return all(self.at.get(p, 0) >= end for p, end in self.to.items())
+
+    def step(self, budget: int | None) -> Journal:
+        """The next part to read: everything left, or ``budget`` records spread over the
+        partitions left (at least one each)."""
+        left = {p: end - self.at.get(p, 0) for p, end in self.to.items()
+                if self.at.get(p, 0) < end}
+        at = dict(self.at)
+        share = None if budget is None else max(1, budget // max(1, len(left)))
+        for p, n in left.items():
+            at[p] = at.get(p, 0) + (n if share is None else min(n, share))
+        return Journal(at, self.to)
+
+    def ranges(self, before: Journal | None) -> Iterator[tuple[int, int, int]]:
+        """(partition, start, end) of what this entry read since ``before``."""
+        for p, end in sorted(self.at.items()):
+            start = before.at.get(p, 0) if before is not None else 0
+            if end > start:
+                yield p, start, end
+
+
+def outcome_rows(records: Iterable[Any], layout: KeyLayout) -> Iterator[EventRow]:
+    """The outcomes the history records tell, one row per transaction and record. A record
+    that is not history (another writer's) tells nothing."""
+    for rec in records:
+        try:
+            notes = decode_history(rec.value, rec.key)
+        except MalformedRecord:
+            continue
+        for note in notes:
+            status = OUTCOME_OF.get(str(note.get("event")))
+            txid = note.get("transaction_id")
+            if status is not None and isinstance(txid, str) and txid:
+                yield outcome_row(txid, status, rec.partition, rec.offset, layout)

@@ -1,0 +1,294 @@
+"""The promise, checked against the ground truth after every step and at the end.
+
+1. A committed transaction's message is on its real topic, and is delivered once through the
+   consumer (at most once at any time; once by the end, unless its body was gone or it was
+   discarded before its commit was written).
+2. A rolled-back one never is: nothing is released without a commit its producer wrote.
+3. Every transaction ends (by the end, once faults stop and its group answers), within the
+   reserved time plus one interval of when it was registered, unless the coordinator or its
+   group was away meanwhile.
+4. A discard happens only after ``check_max`` answered checks or past the reserved time on the
+   coordinator's clock, and never for a transaction whose commit was written before the
+   discard was due.
+5. The history, the metrics and the console say "released" only for a message on its real
+   topic.
+6. A dead letter carries the refused record as the wire format promises (byte for byte where
+   it came from an input topic; a lost body's keyed by its transaction id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from console.entries import Entry, Source, entries_of
+from console.fold import Status as ConsoleStatus
+from console.fold import TxRow, fold
+from streaming.engine.key_metrics import Counted, decode_summary
+from txstream.headers import header_dict
+from txstream.message import Decision
+from txstream.outputs import decode_history
+from txstream.refusals import Code
+from txstream.schema import Kind
+from txstream.wire import H
+
+from sim.actors import Ledger
+
+__all__ = ["Violation", "Observed", "Observer", "observe", "check_step", "check_end",
+           "check_metrics", "check_dead_letters"]
+
+COMMIT = Decision.COMMIT_MESSAGE
+_ENDINGS = ("released", "rolled_back", "discarded", "release_lost")
+
+
+class Violation(AssertionError):
+    """An invariant that does not hold; its text names the invariant and the transaction."""
+
+
+@dataclass
+class Observed:
+    """What the coordinator wrote, read back from its topics."""
+
+    released: dict[str, list[Any]] = field(default_factory=dict)  # txid -> real records
+    notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # txid -> history
+    discards: dict[str, list[Any]] = field(default_factory=dict)
+    dead_letters: list[Any] = field(default_factory=list)
+    entries: dict[str, list[Entry]] = field(default_factory=dict)
+
+    def ended(self, txid: str) -> dict[str, Any] | None:
+        """The note that ended it (the last such)."""
+        ending = [n for n in self.notes.get(txid, ()) if n.get("event") in _ENDINGS]
+        return ending[-1] if ending else None
+
+    def seen_at(self, txid: str) -> int | None:
+        halves = [int(n["at"]) for n in self.notes.get(txid, ()) if n.get("event") == "half"]
+        return min(halves) if halves else None
+
+
+class Observer:
+    """Reads what the coordinator wrote as it comes (each record once)."""
+
+    def __init__(self, world: Any, real_topics: Iterable[str]) -> None:
+        self.world = world
+        self.real_topics = list(real_topics)
+        self.seen = Observed()
+        self._positions: dict[tuple[str, int], int] = {}
+
+    def update(self) -> Observed:
+        seen, topics = self.seen, self.world.topics
+        for topic in self.real_topics:
+            for rec in self._new(topic):
+                h = header_dict(rec.headers)
+                txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY) or ""
+                seen.released.setdefault(txid, []).append(rec)
+        for rec in self._new(topics.history):
+            for note in decode_history(rec.value, rec.key):
+                seen.notes.setdefault(str(note["transaction_id"]), []).append(note)
+            _index(seen, Source.HISTORY, rec)
+        for rec in self._new(topics.discard):
+            seen.discards.setdefault(bytes(rec.key).decode(), []).append(rec)
+            _index(seen, Source.DISCARD, rec)
+        for rec in self._new(topics.dead_letter):
+            seen.dead_letters.append(rec)
+            _index(seen, Source.DEAD_LETTER, rec)
+        return seen
+
+    def _new(self, topic: str) -> list[Any]:
+        return [r for records in self.world.read_new(topic, self._positions).values()
+                for r in records]
+
+
+def observe(world: Any, real_topics: Iterable[str]) -> Observed:
+    """Everything written so far, read at once."""
+    return Observer(world, real_topics).update()
+
+
+def _index(seen: Observed, source: str, rec: Any) -> None:
+    for entry in entries_of(source, rec):
+        if entry.transaction_id:
+            seen.entries.setdefault(entry.transaction_id, []).append(entry)
+
+
+def _fail(invariant: int, txid: str, what: str) -> None:
+    raise Violation(f"invariant {invariant} ({txid}): {what}")
+
+
+def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any) -> None:
+    """What must hold at any moment; ``settled``: no batch is half written (the last one
+    committed), so what a batch writes together is all there."""
+    for txid, records in seen.released.items():
+        if len(records) > 1:
+            _fail(1, txid, f"released {len(records)} times")
+        truth = ledger.tx.get(txid)
+        if truth is None or not any(d is COMMIT for _, d, _ in truth.ends):
+            _fail(2, txid, "released without a commit written by its producer")
+    for key, txids in ledger.by_key.items():
+        if sum(1 for t in txids if t in seen.released) > 1:
+            _fail(1, key, f"one business operation released twice: {txids}")
+    for txid, notes in seen.notes.items():
+        for note in notes:
+            if note.get("event") == "discarded":
+                _check_discard(ledger, seen, txid, note, policy)
+        _check_answers_counted(txid, notes)
+        _check_ends_once(txid, notes, policy)
+    if settled:
+        for txid, notes in seen.notes.items():
+            if any(n.get("event") == "released" for n in notes) and txid not in seen.released:
+                _fail(5, txid, "the history says released; it is not on its real topic")
+            row = TxRow(txid)
+            for entry in sorted(seen.entries.get(txid, ()), key=lambda e: (e.at_ms, e.offset)):
+                fold(row, entry)
+            if row.status == ConsoleStatus.COMMITTED and txid not in seen.released:
+                _fail(5, txid, "the console says COMMITTED; nothing is on its real topic")
+
+
+def _check_discard(ledger: Ledger, seen: Observed, txid: str, note: dict[str, Any],
+                   policy: Any) -> None:
+    truth = ledger.tx[txid]
+    due = int(note.get("due", note["at"]))
+    if truth.committed_before(due):
+        _fail(4, txid, f"discarded (due {due}) although its commit was written before")
+    cause = note.get("cause")
+    if cause == "reserved_time":
+        seen_at = seen.seen_at(txid)
+        if seen_at is None or due < seen_at + policy.reserved_time:
+            _fail(4, txid, f"discarded for age, due {due}, registered at {seen_at}")
+    elif cause == "check_max" and int(note.get("checks_answered", -1)) < policy.check_max:
+        _fail(4, txid, f"discarded after {note.get('checks_answered')} answered checks")
+
+
+def _check_answers_counted(txid: str, notes: list[dict[str, Any]]) -> None:
+    """An answer to check n read before check n+1 is due counts (the latest request a producer
+    can see stays valid until the next is due), once; no other answer counts."""
+    counted, answered, due_after = 0, 0, {}  # due_after[n]: when check n+1 is due
+    for note in notes:
+        event = note.get("event")
+        if event == "half":  # registered (again, by a new checkpoint): counting starts over
+            counted, answered, due_after = 0, 0, {}
+        elif event == "check_sent":
+            due_after[int(note["check"])] = int(note["next_check"])
+        elif event == "unknown" and note.get("from_check") and "check" in note:
+            n, at = int(note["check"]), int(note["at"])
+            valid = n in due_after and n > counted and at < due_after[n]
+            now_answered = int(note["checks_answered"])
+            if valid and now_answered != answered + 1:
+                _fail(4, txid, f"an answer to check {n} read at {at}, before the next was due "
+                               f"({due_after[n]}), was not counted")
+            if not valid and now_answered != answered and n not in due_after:
+                _fail(4, txid, f"an answer to check {n}, never sent, was counted")
+            if now_answered != answered:
+                counted, answered = n, now_answered
+
+
+def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any) -> None:
+    """A transaction ends once (a lost release may be released again, once), and while its
+    outcome is remembered an end event for it is told the outcome, not "no half message"."""
+    endings = [n for n in notes if n.get("event") in _ENDINGS]
+    events = [n["event"] for n in endings]
+    if len(endings) > 1 and events != ["release_lost", "released"]:
+        halves = sum(1 for n in notes if n.get("event") == "half")
+        if halves < len(endings):  # each life (a new checkpoint registers it again) ends once
+            _fail(3, txid, f"ended more than once: {events}")
+    for note in notes:
+        if note.get("event") != "expired":
+            continue
+        at = int(note["at"])
+        for end in endings:
+            if int(end["at"]) <= at < int(end["at"]) + policy.reserved_time:
+                _fail(6, txid, f"an end event was dead-lettered as having no half message "
+                               f"at {at}, while its outcome ({end['event']}) is remembered")
+
+
+def check_metrics(seen: Observed, summaries: list[bytes]) -> None:
+    """The released counter (``commits``) counts what reached a real topic, no more."""
+    commits = 0
+    for blob in summaries:
+        doc = decode_summary(blob.decode("utf-8"))
+        for name, *_, n in doc.get("c", ()):
+            if name == Counted.COMMITS:
+                commits += int(n)
+    if commits != len(seen.released):
+        _fail(5, "-", f"the metrics count {commits} released, the real topics hold "
+                      f"{len(seen.released)}")
+
+
+def check_dead_letters(world: Any, seen: Observed) -> None:
+    for rec in seen.dead_letters:
+        h = header_dict(rec.headers)
+        code, reason = h.get(H.DLQ_CODE), h.get(H.DLQ_REASON)
+        if not code or not reason:
+            _fail(6, "-", f"dead letter {rec.partition}@{rec.offset} without code or reason")
+        topic = h.get(H.DLQ_ORIGIN_TOPIC)
+        partition = int(h.get(H.DLQ_ORIGIN_PARTITION) or -1)
+        offset = int(h.get(H.DLQ_ORIGIN_OFFSET) or -1)
+        if code == Code.HALF_MESSAGE_LOST:
+            txid = (rec.key or b"").decode("utf-8", "replace")
+            if h.get(H.UNIQ_KEY) != txid:
+                _fail(6, txid, "a lost body's dead letter is not keyed by its transaction id")
+            if world.record_at(topic, partition, offset) is not None and not world.recreated:
+                _fail(1, txid, "dead-lettered HALF_MESSAGE_LOST while its body is there")
+            continue
+        if offset < 0 or topic not in (world.topics.half, world.topics.end):
+            continue
+        original = world.record_at(topic, partition, offset)
+        if original is None:
+            continue  # gone since (retention, a re-created topic)
+        kept = [(k, v) for k, v in rec.headers if not k.startswith("DLQ_")
+                and k != H.RECORD_ID]
+        if (rec.key, rec.value, kept) != (original.key, original.value,
+                                         [(k, v) for k, v in original.headers]):
+            _fail(6, h.get(H.TRANSACTION_ID) or "-",
+                  f"dead letter of {topic}/{partition}@{offset} is not the record as read")
+
+
+def _half_gone(world: Any, truth: Any) -> bool:
+    """Whether none of the transaction's half records is in the half topic any more."""
+    for _, partition, offset in truth.halves:
+        rec = world.record_at(world.topics.half, partition, offset)
+        if rec is not None and rec.key == truth.txid.encode():
+            return False
+    return True
+
+
+def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, int],
+              policy: Any, quiet_since: int, fresh_at: list[int]) -> None:
+    """After the faults stopped and everything settled. ``fresh_at``: when a new checkpoint
+    replaced the state."""
+    check_step(ledger, seen, True, policy)
+    check_dead_letters(world, seen)
+    for txid, truth in ledger.tx.items():
+        if not truth.halves:
+            continue  # never stored: nothing to end
+        ended = seen.ended(txid)
+        if ended is None and _half_gone(world, truth) and (
+                seen.seen_at(txid) is None or any(t > truth.halves[0][0] for t in fresh_at)):
+            continue  # its half message is gone, and no state holds it: nothing knows of it
+        if ended is None:
+            _fail(3, txid, "never ended (no release, rollback, discard or lost release)")
+        assert ended is not None
+        event = ended["event"]
+        if truth.decision is COMMIT and event != "released":
+            gone = event == "release_lost" or (event == "discarded"
+                                               and ended.get("cause") == "half_message_lost")
+            if not gone and not (event == "discarded"
+                                 and not truth.committed_before(int(ended.get("due", 0)))):
+                _fail(1, txid, f"committed, but ended {event}: {ended.get('reason')}")
+        if event == "released" and delivered.get(txid) != 1:
+            _fail(1, txid, f"released, delivered {delivered.get(txid, 0)} times")
+        _check_timely(world, truth, seen, ended, policy, quiet_since)
+
+
+def _check_timely(world: Any, truth: Any, seen: Observed, ended: dict[str, Any], policy: Any,
+                  quiet_since: int) -> None:
+    seen_at = seen.seen_at(truth.txid)
+    if seen_at is None or seen_at < quiet_since:
+        return  # its life crossed an outage or an absence: it only had to end
+    limit = seen_at + policy.reserved_time + policy.check_interval + world.slack_ms
+    if int(ended["at"]) > limit:
+        _fail(3, truth.txid, f"ended at {ended['at']}, registered {seen_at}: later than the "
+                             f"reserved time plus an interval")
+
+
+def _kinds(outputs: Iterable[Any]) -> set[str]:
+    return {o.kind for o in outputs if o.kind != Kind.TIMER}

@@ -1,0 +1,302 @@
+"""What a seed decides, and the loop that plays it: one schedule, checked all along.
+
+The seed chooses the coordinator's settings (timeouts, interval, check max, reserved time, the
+timer lead, the back-off, ``maxOffsetsPerTrigger``, the state-key layout), the traffic (groups,
+transactions, their outcomes and timings, duplicated records, end events before their half
+messages, producers dying between the two, sends in doubt, skewed producer clocks), the
+consumer's quirks (fetches in flight, answers of fetches sent earlier) and the faults: crashes
+before, during or after a batch's writes; an outage of the coordinator, longer than the reserved
+time or not, then catch-up; a new checkpoint over the topics; the broker down; a group away;
+bodies deleted by the half topic's retention; the half topic re-created.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sinks.kafka_sink import SinkOptions
+from sources.kafka_io import SourceOptions
+from state.keys import KeyLayout
+from state.policy import Policy
+from streaming.engine.operator import coordinator_function
+from txstream.message import Decision
+
+from sim.actors import Consumer, Producers, TxPlan
+from sim.oracle import Observer, check_end, check_metrics, check_step
+from sim.spark import SimCrash, SparkModel
+from sim.world import T0, World
+
+__all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
+
+COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, Decision.UNKNOW
+FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate")
+_CRASH_POINTS = ("planned", "writing", "written")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: int  # ms after the start
+    kind: str
+    length: int = 0  # ms, for the faults that last
+    arg: Any = None
+
+
+@dataclass
+class Scenario:
+    seed: int
+    policy: Policy
+    layout: KeyLayout
+    max_offsets: int | None
+    plans: list[TxPlan]
+    skews: dict[str, int]
+    faults: list[Fault]
+    traffic_ms: int
+    in_flight: float
+    pipelined: float
+    like_tansu: bool
+
+
+@dataclass
+class Report:
+    seed: int
+    batches: int = 0
+    replays: int = 0
+    transactions: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+def _policy(rng: random.Random) -> Policy:
+    interval = rng.choice((1000, 2000, 3000))
+    timeout = rng.choice((1000, 2000))
+    return Policy(
+        transaction_timeout=timeout,
+        check_interval=interval,
+        check_max=rng.choice((1, 2, 3)),
+        reserved_time=rng.choice((6000, 10_000, 20_000, 40_000)),
+        orphan_end_timeout=rng.choice((2000, 4000)),
+        resolved_retention=rng.choice((1000, 3000)),
+        timer_lead=rng.choice((0, 300, 500)),
+        max_clock_skew=10_000,
+        check_backoff_max=rng.choice((1, 2, 16)),
+    )
+
+
+def _plans(rng: random.Random, groups: list[str], traffic_ms: int, n: int) -> list[TxPlan]:
+    plans = []
+    for i in range(n):
+        outcome = rng.choice((COMMIT, COMMIT, ROLLBACK, UNKNOW))
+        plans.append(TxPlan(
+            business_key=f"order-{i}", group=rng.choice(groups),
+            topic=rng.choice(("orders", "payments")), send_at=rng.randrange(traffic_ms),
+            outcome=outcome, decide_after=rng.choice((0, 0, 0, 1500, 5000)),
+            end_delay=rng.choice((0, 5, 100, 1000)), dies=rng.random() < 0.08,
+            end_first=rng.random() < 0.08, duplicate=rng.random() < 0.08,
+            in_doubt=rng.random() < 0.05))
+    return plans
+
+
+def _faults(rng: random.Random, traffic_ms: int, policy: Policy, groups: list[str],
+            kinds: tuple[str, ...]) -> list[Fault]:
+    faults = []
+    for _ in range(rng.choice((0, 1, 2, 3))):
+        kind = rng.choice(kinds)
+        at = rng.randrange(traffic_ms)
+        if kind == "crash":
+            faults.append(Fault(at, kind, arg=(rng.choice(_CRASH_POINTS), rng.randrange(1, 6))))
+        elif kind == "outage":
+            length = rng.choice((2000, policy.reserved_time + rng.randrange(1000, 10_000)))
+            faults.append(Fault(at, kind, length))
+        elif kind == "broker_down":
+            faults.append(Fault(at, kind, rng.choice((500, 2000, 5000))))
+        elif kind == "away":
+            faults.append(Fault(at, kind, rng.choice((3, 8)) * policy.check_interval,
+                                rng.choice(groups)))
+        else:
+            faults.append(Fault(at, kind))
+    return sorted(faults, key=lambda f: f.at)
+
+
+def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
+    rng = random.Random(seed)
+    policy = _policy(rng)
+    groups = [f"G{i}" for i in range(rng.choice((1, 2, 2, 3)))]
+    traffic_ms = rng.choice((4000, 8000, 15_000))
+    skews = {g: rng.choice((0, 0, 0, 800, -3000, -100 * 3600_000, 365 * 86_400_000))
+             for g in groups}
+    return Scenario(
+        seed=seed, policy=policy,
+        layout=KeyLayout(window_ms=rng.choice((500, 2000)), shards=rng.choice((1, 2)),
+                         partitions=2),
+        max_offsets=rng.choice((None, None, 3, 7, 20)),
+        plans=_plans(rng, groups, traffic_ms, rng.randrange(2, 9)),
+        skews=skews,
+        faults=_faults(rng, traffic_ms, policy, groups, kinds) if kinds else [],
+        traffic_ms=traffic_ms,
+        in_flight=rng.choice((0.0, 0.3)),
+        pipelined=rng.choice((0.0, 0.3)),
+        like_tansu=rng.random() < 0.5,
+    )
+
+
+class Simulation:
+    """One scenario played: the world, the coordinator, the actors, the faults."""
+
+    def __init__(self, sc: Scenario, workdir: Path) -> None:
+        self.sc = sc
+        self.rng = random.Random(sc.seed ^ 0x5EED)
+        self.world = World(sc.seed, self.rng, in_flight=sc.in_flight, stale=sc.pipelined,
+                           like_tansu=sc.like_tansu)
+        self.world.slack_ms = 3000 + 2 * (sc.policy.timer_lead + 400)
+        topics = self.world.topics
+        self.real_topics = sorted({p.topic for p in sc.plans})
+        fresh_ok = any(f.kind == "recreate" for f in sc.faults)
+        source = SourceOptions(
+            kafka=self.world.settings, half_topic=topics.half, end_topic=topics.end,
+            key_layout=sc.layout, read_timeout_ms=2000, read_tasks=2,
+            max_offsets_per_trigger=sc.max_offsets, timer_file=str(workdir / "timers.json"),
+            journal_topic=topics.history, fail_on_data_loss=not fresh_ok)
+        sink = SinkOptions(kafka=self.world.settings, timer_file=str(workdir / "timers.json"),
+                           dead_letter_topic=topics.dead_letter)
+        self.spark = SparkModel(
+            source=source, sink=sink,
+            function_of=lambda: coordinator_function(sc.policy, topics, self.world.settings),
+            partitions=sc.layout.partitions, clock=lambda: self.world.now, rng=self.rng,
+            timer_file=workdir / "timers.json", max_offsets=sc.max_offsets)
+        self.producers = Producers(self.world, sc.plans, self.rng, sc.skews,
+                                   grace_ms=10_000)
+        self.consumer = Consumer(self.world, self.real_topics)
+        self.observer = Observer(self.world, self.real_topics)
+        self.report = Report(sc.seed)
+        self.summaries: list[bytes] = []
+        self.down_until = 0  # the coordinator is down until then
+        self.broker_until = 0
+        self.quiet_since = T0
+        self.pending_crash: tuple[str, int] | None = None
+        self.fresh_at: list[int] = []
+
+    # --- faults ------------------------------------------------------------------------------
+
+    def _fault(self, fault: Fault) -> None:
+        now, world = self.world.now, self.world
+        self.report.faults[fault.kind] += 1
+        if fault.kind == "crash":
+            self.pending_crash = fault.arg
+        elif fault.kind == "outage":
+            self.down_until = now + fault.length
+        elif fault.kind == "fresh":
+            self.spark.fresh_checkpoint()
+            self.fresh_at.append(now)
+        elif fault.kind == "broker_down":
+            self.broker_until = now + fault.length
+            world.set_down(True)
+        elif fault.kind == "away":
+            self.producers.away[fault.arg] = (now, now + fault.length)
+        elif fault.kind == "retention":
+            for partition in range(world.broker.partition_count(world.topics.half) or 0):
+                end = world.broker.end_offset(world.topics.half, partition)
+                world.broker.delete_records(world.topics.half, partition,
+                                            self.rng.randrange(end + 1))
+        elif fault.kind == "recreate":
+            world.broker.delete_topic(world.topics.half)
+            world.broker.create_topic(world.topics.half, 1)
+            world.recreated = True
+        self.quiet_since = max(self.quiet_since, now + fault.length)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _coordinator(self) -> None:
+        now = self.world.now
+        # While the broker does not answer, the coordinator waits for it (its planning blocks
+        # on the end offsets; what it does past its read timeout is not this simulation's).
+        if now < self.down_until or self.world.broker_down:
+            return
+        at, appends = self.pending_crash or (None, 0)
+        left = [appends]
+
+        def on_append(topic: str, partition: int, record: Any) -> None:
+            left[0] -= 1
+            if left[0] <= 0:
+                raise SimCrash("while writing")
+
+        if at == "writing":
+            self.world.broker.on_append = on_append
+        try:
+            report = self.spark.step(at if at in ("planned", "written") else None)
+        except SimCrash:
+            self.report.faults["crash:" + str(at)] += 1
+            self.pending_crash = None
+            self.spark.restart()
+            return
+        finally:
+            self.world.broker.on_append = None
+        if report is None:
+            return  # no batch ran: a crash due waits for one
+        if at == "writing" and left[0] < appends:
+            self.pending_crash = None  # it wrote fewer records than the crash waited for
+        elif at != "writing":
+            self.pending_crash = None
+        self.report.batches += 1
+        self.report.replays += report.replay
+        self.summaries.extend(report.timers)
+        check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy)
+
+    def _tick(self) -> None:
+        world = self.world
+        world.now += self.rng.choice((20, 50, 100, 200, 400))
+        if world.broker_down and world.now >= self.broker_until:
+            world.set_down(False)
+        self.producers.step()
+        self.consumer.step()
+        self._coordinator()
+
+    def run(self) -> Report:
+        sc, world = self.sc, self.world
+        faults = list(sc.faults)
+        while world.now < T0 + sc.traffic_ms:
+            while faults and T0 + faults[0].at <= world.now:
+                self._fault(faults.pop(0))
+            self._tick()
+        # Faults stop: the broker is back, every group too, the coordinator runs on.
+        world.set_down(False)
+        self.producers.away.clear()
+        self.down_until = 0
+        settle_until = world.now + self._settling_time()
+        while world.now < settle_until and not self._all_ended():
+            self._tick()
+        for _ in range(20):  # what is still in flight: answers, the consumer's reads
+            self._tick()
+        seen = self.observer.update()
+        check_end(world, self.producers.ledger, seen, self.consumer.delivered, sc.policy,
+                  self.quiet_since, self.fresh_at)
+        check_metrics(seen, self.summaries)
+        self.report.transactions = len(self.producers.ledger.tx)
+        for txid in self.producers.ledger.tx:
+            ended = seen.ended(txid)
+            self.report.outcomes[ended["event"] if ended else "not stored"] += 1
+        return self.report
+
+    def _settling_time(self) -> int:
+        p = self.sc.policy
+        return (p.reserved_time + p.check_interval * (p.check_max + 2) * p.check_backoff_max
+                + p.orphan_end_timeout + 30_000)
+
+    def _all_ended(self) -> bool:
+        seen = self.observer.update()
+        return all(seen.ended(txid) is not None
+                   for txid, truth in self.producers.ledger.tx.items() if truth.halves)
+
+
+def run(seed: int, kinds: tuple[str, ...] = FAULTS) -> Report:
+    """Play the schedule of ``seed``; raises ``sim.oracle.Violation`` on a broken promise."""
+    with tempfile.TemporaryDirectory(prefix="txstream-sim-") as tmp:
+        simulation = Simulation(scenario(seed, kinds), Path(tmp))
+        try:
+            return simulation.run()
+        finally:
+            simulation.world.close()

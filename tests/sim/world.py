@@ -1,0 +1,92 @@
+"""The simulated world: a virtual clock, an in-memory broker, the coordinator's topics."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, NamedTuple
+
+from txstream.kafka.memory import MemoryBroker, register, unregister
+from txstream.topics import Topics
+
+__all__ = ["World", "T0", "Rec"]
+
+# Virtual time starts years before the wall clock: code that compares a deadline with the wall
+# clock (the sink holding a record until its deadline) then never waits for real.
+T0 = 1_600_000_000_000
+
+
+class Rec(NamedTuple):
+    """A record as a consumer gets it (what the oracle and the actors read)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp: int
+
+
+class World:
+    """Time (ms, virtual, advanced by the schedule only) and the broker everything talks to."""
+
+    def __init__(self, seed: int, rng: random.Random, *, partitions: int = 2,
+                 in_flight: float = 0.2, stale: float = 0.2, like_tansu: bool = True) -> None:
+        self.seed = seed
+        self.now = T0
+        self.topics = Topics.with_prefix("sim_")
+        make = MemoryBroker.like_tansu if like_tansu else MemoryBroker
+        self.broker = make(f"sim-{seed}-{id(self)}", lambda: self.now,
+                           random.Random(rng.getrandbits(64)),
+                           in_flight_probability=in_flight, stale_fetch_probability=stale)
+        register(self.broker)
+        self.broker_down = False
+        self.recreated = False  # the half topic was deleted and made again
+        self.slack_ms = 0  # how late a timer may run (batch cadence), set by the schedule
+        for topic in (self.topics.half, self.topics.end):
+            self.broker.create_topic(topic, partitions)
+
+    @property
+    def settings(self) -> Any:
+        return self.broker.settings
+
+    def close(self) -> None:
+        unregister(self.broker.name)
+
+    def set_down(self, down: bool) -> None:
+        self.broker_down = down
+        self.broker.down = down
+
+    # --- reading what is there (the oracle's and the actors' view, not a client's) --------
+
+    def _records(self, topic: str, partition: int) -> list[Rec]:
+        return [Rec(topic, partition, r.offset, r.key, r.value, list(r.headers), r.timestamp)
+                for r in self.broker.records(topic, partition)]
+
+    def all_records(self, topic: str) -> list[Rec]:
+        out: list[Rec] = []
+        for partition in range(self.broker.partition_count(topic) or 0):
+            out.extend(self._records(topic, partition))
+        return out
+
+    def record_at(self, topic: str | None, partition: int, offset: int) -> Rec | None:
+        if topic is None or partition < 0 or offset < 0:
+            return None
+        if partition >= (self.broker.partition_count(topic) or 0):
+            return None
+        for rec in self._records(topic, partition):
+            if rec.offset == offset:
+                return rec
+        return None
+
+    def read_new(self, topic: str, positions: dict[tuple[str, int], int]
+                 ) -> dict[int, list[Rec]]:
+        """The records of ``topic`` after ``positions`` (moved on), by partition."""
+        out: dict[int, list[Rec]] = {}
+        for partition in range(self.broker.partition_count(topic) or 0):
+            at = positions.get((topic, partition), 0)
+            new = [r for r in self._records(topic, partition) if r.offset >= at]
+            if new:
+                out[partition] = new
+                positions[(topic, partition)] = new[-1].offset + 1
+        return out

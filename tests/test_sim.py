@@ -1,0 +1,72 @@
+"""The promise over many seeded schedules of the deterministic simulation (``tests/sim``).
+
+``pytest -m sim`` plays ``TXSTREAM_SIM_SEEDS`` schedules (1,000 by default), on every core;
+``TXSTREAM_SIM_SEED=S`` plays one, and ``TXSTREAM_SIM_FIRST`` moves where the seeds start (a
+soak: ``TXSTREAM_SIM_FIRST=1000 TXSTREAM_SIM_SEEDS=100000 pytest -m sim``). A broken promise
+names its seed and the one command that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from sim.oracle import Violation
+from sim.schedule import FAULTS, run
+
+pytestmark = pytest.mark.sim
+
+SEEDS = int(os.environ.get("TXSTREAM_SIM_SEEDS", "1000"))
+FIRST = int(os.environ.get("TXSTREAM_SIM_FIRST", "0"))
+ONE = os.environ.get("TXSTREAM_SIM_SEED")
+_CHUNK = 25
+
+
+def replay_command(seed: int) -> str:
+    return f"TXSTREAM_SIM_SEED={seed} .venv/bin/python -m pytest -m sim tests/test_sim.py"
+
+
+def _play(seeds: range) -> tuple[Counter[str], list[tuple[int, str]]]:
+    """Play ``seeds`` (in a worker process); the faults injected, and what broke where."""
+    injected: Counter[str] = Counter()
+    broken: list[tuple[int, str]] = []
+    for seed in seeds:
+        try:
+            report = run(seed)
+        except Violation as exc:
+            broken.append((seed, str(exc)))
+            continue
+        except Exception as exc:  # a crash of the coordinator's code is a broken promise too
+            broken.append((seed, f"{type(exc).__name__}: {exc}"))
+            continue
+        injected.update(report.faults)
+        injected["schedules"] += 1
+        injected["transactions"] += report.transactions
+        injected["batches"] += report.batches
+        injected["replayed batches"] += report.replays
+    return injected, broken
+
+
+def test_the_promise_holds_over_seeded_schedules() -> None:
+    seeds = [range(int(ONE), int(ONE) + 1)] if ONE else [
+        range(s, min(s + _CHUNK, FIRST + SEEDS)) for s in range(FIRST, FIRST + SEEDS, _CHUNK)]
+    injected: Counter[str] = Counter()
+    broken: list[tuple[int, str]] = []
+    if ONE:
+        injected, broken = _play(seeds[0])
+    else:
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for counts, failures in pool.map(_play, seeds):
+                injected.update(counts)
+                broken.extend(failures)
+    print("\nsimulation:", ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
+    if broken:
+        lines = [f"seed {seed}: {what}\n    replay: {replay_command(seed)}"
+                 for seed, what in sorted(broken)[:20]]
+        pytest.fail(f"{len(broken)} of {sum(map(len, seeds))} schedules broke the promise:\n"
+                    + "\n".join(lines))
+    if not ONE:  # every fault of the list was injected somewhere
+        assert set(FAULTS) <= set(injected), sorted(set(FAULTS) - set(injected))
