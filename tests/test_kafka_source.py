@@ -11,16 +11,10 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import (
-    BinaryType,
-    ByteType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
     StructType,
 )
 
-from sources.event_rows import route
+from sources.event_rows import event_struct, route
 from sources.events import Malformed, parse_event
 from sources.kafka_io import group_slices
 from sources.kafka_source import (
@@ -33,10 +27,12 @@ from sources.kafka_source import (
     register,
     spread_budget,
 )
-from state.keys import UNROUTABLE, KeyLayout
+from sources.offsets import records_of
+from sources.progress import ENDS_READ
+from state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.message import Decision, EndEvent, Message
-from txstream.schema import EVENT_COLUMNS, EventKind
+from txstream.schema import EventKind
 from txstream.timer_schedule import TICK, Schedule
 from txstream.topics import Topics
 from txstream.wire import Record, encode_end, encode_half, unpack_headers
@@ -106,6 +102,9 @@ def test_reads_records_as_they_lie_and_they_decode_to_events_or_reasons(
     query.awaitTermination(120)
     assert query.exception() is None
     rows = [r.asDict() for r in spark.table(name).collect()]
+    # Every batch also carries its progress row (how far the end topic is read).
+    assert {r["kind"] for r in rows if r["state_key"] == PROGRESS_KEY} == {EventKind.PROGRESS}
+    rows = [r for r in rows if r["kind"] != EventKind.PROGRESS]
     assert len(rows) == len(sent)
 
     # The source hands over each record as it lies, with the state key its id routes to.
@@ -173,7 +172,8 @@ def test_restart_from_checkpoint_reads_every_record_once(
     # Stop part-way: after a few batches committed, with records left and a batch maybe running.
     wait_until(lambda: sum(1 for p in query.recentProgress if p["numInputRows"]) >= 2, 90)
     query.stop()
-    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    # Rows: the records (at most the limit) and the batch's progress row.
+    sizes = [p["numInputRows"] - 1 for p in query.recentProgress if p["numInputRows"]]
     assert sizes[0] == 10 and max(sizes) <= 10, sizes  # the limit is used, and held
     done_before = sum(sizes)
     assert done_before < len(first)
@@ -183,10 +183,10 @@ def test_restart_from_checkpoint_reads_every_record_once(
     query = start({"availableNow": True})
     query.awaitTermination(120)
     assert query.exception() is None
-    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    assert max(sizes) <= 10, sizes
+    sizes = [p["numInputRows"] - 1 for p in query.recentProgress if p["numInputRows"]]
+    assert max(sizes) <= 10, sizes  # records; each batch also has its progress row
 
-    rows = spark.read.parquet(str(out)).collect()
+    rows = [r for r in spark.read.parquet(str(out)).collect() if r.kind != EventKind.PROGRESS]
     where = [(r.kind, r.src_partition, r.src_offset) for r in rows]
     assert len(where) == len(set(where)) == len(first) + len(second)  # no loss, no duplicate
     got = sorted((r.kind, bytes(r.key).decode()) for r in rows)
@@ -199,7 +199,8 @@ def test_restart_from_checkpoint_reads_every_record_once(
 def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     reader = _reader(kafka, topics, topic_partitions=2)
     start = reader.initialOffset()
-    assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0}}
+    assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0},
+                     ENDS_READ: {"at": 0}}
     # 12 records on half/0, 3 on half/1, none on the end topic.
     records = [Record(topics.half, b"k", b"v%d" % i, ()) for i in range(15)]
     producer = make_producer(kafka)
@@ -209,9 +210,10 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     producer.close()
 
     latest = reader.latestOffset(start, ReadAllAvailable())
-    assert latest == {topics.half: {"0": 12, "1": 3}, topics.end: {"0": 0, "1": 0}}
+    assert records_of(latest) == {topics.half: {"0": 12, "1": 3}, topics.end: {"0": 0, "1": 0}}
     limited = reader.latestOffset(start, ReadMaxRows(9))
-    assert limited == {topics.half: {"0": 6, "1": 3}, topics.end: {"0": 0, "1": 0}}
+    assert records_of(limited) == {topics.half: {"0": 6, "1": 3},
+                                   topics.end: {"0": 0, "1": 0}}
     assert reader.getDefaultReadLimit() == ReadAllAvailable()
     # No new data: the same offsets, as the same JSON (Spark compares the text).
     again = reader.latestOffset(latest, ReadMaxRows(9))
@@ -221,8 +223,9 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     assert reader.latestOffset(old_checkpoint, ReadAllAvailable())[topics.half] == {
         "0": 12, "1": 3}
     slices = reader.partitions(old_checkpoint, latest)
-    assert slices == [SliceGroup((TopicSlice(topics.half, 1, 0, 3, True),))]
-    assert sum(b.num_rows for b in _read(kafka, topics, slices[0])) == 3
+    assert slices == [SliceGroup((TopicSlice(topics.half, 1, 0, 3, EventKind.HALF),),
+                                 latest[ENDS_READ]["at"])]
+    assert sum(b.num_rows for b in _read(kafka, topics, slices[0])) == 3 + 1  # and progress
 
     # The broker has fewer records than the checkpoint read (a memory broker restarted).
     ahead = {topics.half: {"0": 20, "1": 3}, topics.end: {"0": 0, "1": 0}}
@@ -234,7 +237,7 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     # Trigger.AvailableNow: nothing produced after prepare is planned.
     reader.prepareForTriggerAvailableNow()
     produce(kafka, [Record(topics.end, b"late", b"v", ())])
-    assert reader.latestOffset(latest, ReadAllAvailable()) == latest
+    assert records_of(reader.latestOffset(latest, ReadAllAvailable())) == records_of(latest)
 
 
 @pytest.mark.kafka
@@ -253,9 +256,11 @@ def test_the_offset_ticks_when_a_scheduled_timer_is_due(kafka, topics, tmp_path)
     before = int(time.time() * 1000)
     ticked = reader.latestOffset(start, ReadAllAvailable())
     assert ticked[TICK]["known"] == 1 and ticked[TICK]["at"] >= before
-    assert {t: ps for t, ps in ticked.items() if t != TICK} == {
-        t: ps for t, ps in start.items() if t != TICK}
-    assert reader.partitions(start, ticked) == []
+    # The batch it starts reads no records; its progress row says how far the end topic is.
+    assert {t: ps for t, ps in ticked.items() if t not in (TICK, ENDS_READ)} == {
+        t: ps for t, ps in start.items() if t not in (TICK, ENDS_READ)}
+    assert ticked[ENDS_READ]["at"] >= start[ENDS_READ]["at"]
+    assert reader.partitions(start, ticked) == [SliceGroup((), ticked[ENDS_READ]["at"])]
     # The batch that tick started ran the timeout: once committed, it moves no more.
     assert reader.latestOffset(ticked, ReadAllAvailable()) == ticked
     # Input moves the topic offsets and keeps the tick.
@@ -280,10 +285,7 @@ def _read(kafka: KafkaSettings, topics: Topics, part: TopicSlice | SliceGroup,
 
 
 def _event_struct() -> StructType:
-    """EVENT_SCHEMA as the StructType Spark hands to workers (parsing DDL needs the JVM)."""
-    types = {"tinyint": ByteType(), "int": IntegerType(), "bigint": LongType(),
-             "binary": BinaryType(), "string": StringType()}
-    return StructType([StructField(n, types[t]) for n, t in EVENT_COLUMNS])
+    return event_struct()
 
 
 @pytest.mark.kafka
@@ -335,7 +337,8 @@ def test_unreadable_record_becomes_malformed_instead_of_stopping_the_source(
     for part in reader.partitions(start, end):
         for batch in _read(kafka, topics, part, read_timeout_ms=2000):
             for row in batch.to_pylist():
-                rows[(row["src_partition"], row["src_offset"])] = row
+                if row["kind"] != EventKind.PROGRESS:
+                    rows[(row["src_partition"], row["src_offset"])] = row
     assert time.monotonic() - began < 10
     assert sorted(rows) == [(p, o) for p in (0, 1) for o in range(3)]  # each offset once
     assert {row["kind"] for row in rows.values()} == {EventKind.END}

@@ -51,6 +51,7 @@ class TxPlan:
     end_first: bool = False  # a raw client writes the end event before the half message
     duplicate: bool = False  # the half message and end event are written twice
     in_doubt: bool = False  # the half message's acknowledgement is lost (it is stored)
+    late_copy: int = 0  # ms after the send when its records are written again (0: never)
 
 
 @dataclass
@@ -64,9 +65,9 @@ class TxTruth:
     decided_at: int | None = None
     ends: list[tuple[int, Decision, int | None]] = field(default_factory=list)  # at, dec, check
 
-    def committed_before(self, at: int) -> bool:
-        """Whether a commit for it was written before ``at``."""
-        return any(d is COMMIT and t < at for t, d, _ in self.ends)
+    def committed_before(self, at: int, since: int = -1) -> bool:
+        """Whether a commit for it was written before ``at`` (and not before ``since``)."""
+        return any(d is COMMIT and since <= t < at for t, d, _ in self.ends)
 
 
 class Ledger:
@@ -93,6 +94,11 @@ class Producers:
         self.choice = {g: CheckChoice(grace_ms) for g in skews}
         self.positions: dict[tuple[str, int], int] = {}
         self.later: list[tuple[int, int, Any]] = []  # (at, seq, action)
+        # Check requests a group read: the highest number per transaction, those answered,
+        # and those skipped (when read), for the oracle.
+        self.requested: dict[tuple[str, str], int] = {}
+        self.answered: set[tuple[str, str, int]] = set()
+        self.skipped: list[tuple[str, str, int, int]] = []
         self._seq = 0
         self._ids = 0
 
@@ -161,6 +167,16 @@ class Producers:
         for _ in range(2 if truth.plan.duplicate else 1):
             partition, offset = self._append(half, truth.plan.group)
             truth.halves.append((self.world.now, partition, offset))
+        if truth.plan.late_copy:  # a copy delivered long after (a client's retry, a replay)
+            self._at(self.world.now + truth.plan.late_copy, lambda: self._copy(truth, half))
+
+    def _copy(self, truth: TxTruth, half: Any) -> None:
+        if self.world.broker_down:
+            return
+        partition, offset = self._append(half, truth.plan.group)
+        truth.halves.append((self.world.now, partition, offset))
+        for _, decision, check in truth.ends[:1]:
+            self._write_end(truth, decision, check)
 
     def _retry_later(self, plan: TxPlan, why: str) -> None:
         retry = TxPlan(**{**plan.__dict__, "send_at": self.world.now + 500, "in_doubt": False})
@@ -200,10 +216,19 @@ class Producers:
                 except MalformedRecord:
                     fetched.append(Fetched(None, rec.timestamp))
             choice = self.choice[group].choose(fetched, self._clock(group))
-            for i in choice.answered():
+            chosen = set(choice.answered())
+            for i, f in enumerate(fetched):
+                if f.request is None or not f.request.message.transaction_id:
+                    continue
+                key = (group, f.request.message.transaction_id)
+                self.requested[key] = max(self.requested.get(key, 0), f.request.check_times)
+                if i not in chosen:
+                    self.skipped.append((*key, f.request.check_times, self.world.now))
+            for i in sorted(chosen):
                 req = fetched[i].request
                 assert req is not None
                 txid = req.message.transaction_id or ""
+                self.answered.add((group, txid, req.check_times))
                 delay = self.rng.choice((0, 0, 50, 300, 900, 2500))  # may race the next check
                 self._at(self.world.now + delay, lambda t=txid, n=req.check_times:
                          self._answer(t, n))

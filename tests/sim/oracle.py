@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from console.entries import Entry, Source, entries_of
@@ -50,6 +51,7 @@ class Violation(AssertionError):
 class Observed:
     """What the coordinator wrote, read back from its topics."""
 
+    changed: set[str] = field(default_factory=set)  # transactions with news since last asked
     released: dict[str, list[Any]] = field(default_factory=dict)  # txid -> real records
     notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # txid -> history
     discards: dict[str, list[Any]] = field(default_factory=dict)
@@ -82,9 +84,11 @@ class Observer:
                 h = header_dict(rec.headers)
                 txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY) or ""
                 seen.released.setdefault(txid, []).append(rec)
+                seen.changed.add(txid)
         for rec in self._new(topics.history):
             for note in decode_history(rec.value, rec.key):
                 seen.notes.setdefault(str(note["transaction_id"]), []).append(note)
+                seen.changed.add(str(note["transaction_id"]))
             _index(seen, Source.HISTORY, rec)
         for rec in self._new(topics.discard):
             seen.discards.setdefault(bytes(rec.key).decode(), []).append(rec)
@@ -108,17 +112,25 @@ def _index(seen: Observed, source: str, rec: Any) -> None:
     for entry in entries_of(source, rec):
         if entry.transaction_id:
             seen.entries.setdefault(entry.transaction_id, []).append(entry)
+            seen.changed.add(entry.transaction_id)
 
 
 def _fail(invariant: int, txid: str, what: str) -> None:
     raise Violation(f"invariant {invariant} ({txid}): {what}")
 
 
-def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any) -> None:
+def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any,
+               fresh_at: list[int] | None = None, everything: bool = False) -> None:
     """What must hold at any moment; ``settled``: no batch is half written (the last one
-    committed), so what a batch writes together is all there."""
-    for txid, records in seen.released.items():
-        if len(records) > 1:
+    committed), so what a batch writes together is all there. Only the transactions with
+    news since the last check, unless ``everything``."""
+    changed = set(seen.notes) | set(seen.released) if everything else seen.changed
+    seen.changed = set()
+    for txid in changed & set(seen.released):
+        records = seen.released[txid]
+        lives = _lives(seen.notes.get(txid, []), policy, fresh_at or [])
+        if len(records) > max(1, sum(1 for life in lives
+                                     if any(n["event"] == "released" for n in life))):
             _fail(1, txid, f"released {len(records)} times")
         truth = ledger.tx.get(txid)
         if truth is None or not any(d is COMMIT for _, d, _ in truth.ends):
@@ -126,14 +138,17 @@ def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any) -> No
     for key, txids in ledger.by_key.items():
         if sum(1 for t in txids if t in seen.released) > 1:
             _fail(1, key, f"one business operation released twice: {txids}")
-    for txid, notes in seen.notes.items():
-        for note in notes:
-            if note.get("event") == "discarded":
-                _check_discard(ledger, seen, txid, note, policy)
+    for txid in changed & set(seen.notes):
+        notes = seen.notes[txid]
+        for life in _lives(notes, policy, fresh_at or []):
+            for note in life:
+                if note.get("event") == "discarded":
+                    _check_discard(ledger, life, txid, note, policy)
         _check_answers_counted(txid, notes)
-        _check_ends_once(txid, notes, policy)
+        _check_ends_once(txid, notes, policy, fresh_at or [])
     if settled:
-        for txid, notes in seen.notes.items():
+        for txid in changed & set(seen.notes):
+            notes = seen.notes[txid]
             if any(n.get("event") == "released" for n in notes) and txid not in seen.released:
                 _fail(5, txid, "the history says released; it is not on its real topic")
             row = TxRow(txid)
@@ -143,15 +158,17 @@ def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any) -> No
                 _fail(5, txid, "the console says COMMITTED; nothing is on its real topic")
 
 
-def _check_discard(ledger: Ledger, seen: Observed, txid: str, note: dict[str, Any],
-                   policy: Any) -> None:
+def _check_discard(ledger: Ledger, life: list[dict[str, Any]], txid: str,
+                   note: dict[str, Any], policy: Any) -> None:
+    """``life``: the notes of the transaction's life the discard ended."""
     truth = ledger.tx[txid]
     due = int(note.get("due", note["at"]))
-    if truth.committed_before(due):
+    halves = [int(n["at"]) for n in life if n.get("event") == "half"]
+    seen_at = min(halves) if halves else None
+    if truth.committed_before(due, since=-1 if life is None else _life_start(life)):
         _fail(4, txid, f"discarded (due {due}) although its commit was written before")
     cause = note.get("cause")
     if cause == "reserved_time":
-        seen_at = seen.seen_at(txid)
         if seen_at is None or due < seen_at + policy.reserved_time:
             _fail(4, txid, f"discarded for age, due {due}, registered at {seen_at}")
     elif cause == "check_max" and int(note.get("checks_answered", -1)) < policy.check_max:
@@ -181,15 +198,44 @@ def _check_answers_counted(txid: str, notes: list[dict[str, Any]]) -> None:
                 counted, answered = n, now_answered
 
 
-def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any) -> None:
-    """A transaction ends once (a lost release may be released again, once), and while its
-    outcome is remembered an end event for it is told the outcome, not "no half message"."""
+def _life_start(life: list[dict[str, Any]]) -> int:
+    return int(life[0]["at"]) if life else -1
+
+
+def _lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int]
+           ) -> list[list[dict[str, Any]]]:
+    """The notes of a transaction id, cut where it starts a new life: registered again once
+    its outcome may be forgotten (the reserved time after it ended: the same id sent again
+    is a new transaction) or after a new checkpoint lost the state."""
+    lives: list[list[dict[str, Any]]] = [[]]
+    ended_at: int | None = None
+    for note in notes:
+        at = int(note["at"])
+        if note.get("event") == "half" and ended_at is not None and (
+                at >= ended_at + policy.reserved_time or any(ended_at < t <= at
+                                                             for t in fresh_at)):
+            lives.append([])
+            ended_at = None
+        lives[-1].append(note)
+        if note.get("event") in _ENDINGS:
+            ended_at = at
+    return lives
+
+
+def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any,
+                     fresh_at: list[int]) -> None:
+    """A transaction ends once in a life (a lost release may be released again, once), and
+    while its outcome is remembered an end event for it is told the outcome, not "no half
+    message"."""
+    for life in _lives(notes, policy, fresh_at):
+        endings = [n for n in life if n.get("event") in _ENDINGS]
+        for first, then in pairwise(endings):
+            again = (first["event"], then["event"]) == ("release_lost", "released")
+            reset = any(int(first["at"]) < t <= int(then["at"]) for t in fresh_at)
+            if not again and not reset:
+                _fail(3, txid, f"ended twice: {first['event']} at {first['at']}, then "
+                               f"{then['event']} at {then['at']}")
     endings = [n for n in notes if n.get("event") in _ENDINGS]
-    events = [n["event"] for n in endings]
-    if len(endings) > 1 and events != ["release_lost", "released"]:
-        halves = sum(1 for n in notes if n.get("event") == "half")
-        if halves < len(endings):  # each life (a new checkpoint registers it again) ends once
-            _fail(3, txid, f"ended more than once: {events}")
     for note in notes:
         if note.get("event") != "expired":
             continue
@@ -200,6 +246,26 @@ def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any) -> Non
                                f"at {at}, while its outcome ({end['event']}) is remembered")
 
 
+def check_requests_answered(producers: Any, seen: Observed, policy: Any,
+                            fresh_at: list[int]) -> None:
+    """A check request its group read, the latest of its pending transaction, is answered:
+    what the client skips is only what the coordinator would not count. (Not judged for the
+    same id sent again as a new transaction: the client remembers the numbers it answered.)"""
+    for group, txid, n, at in producers.skipped:
+        lives = _lives(seen.notes.get(txid, []), policy, fresh_at)
+        if len(lives) > 1 and at >= _life_start(lives[1]):
+            continue
+        if (group, txid, n) in producers.answered:
+            continue  # a copy read again of one answered already
+        if producers.requested.get((group, txid), 0) > n:
+            continue  # a later request of the same transaction came: that one counts
+        ended = seen.ended(txid)
+        if ended is not None and int(ended["at"]) <= at:
+            continue
+        _fail(3, txid, f"check {n}, the latest of a pending transaction, read by {group} at "
+                       f"{at}, was not answered")
+
+
 def check_metrics(seen: Observed, summaries: list[bytes]) -> None:
     """The released counter (``commits``) counts what reached a real topic, no more."""
     commits = 0
@@ -208,9 +274,9 @@ def check_metrics(seen: Observed, summaries: list[bytes]) -> None:
         for name, *_, n in doc.get("c", ()):
             if name == Counted.COMMITS:
                 commits += int(n)
-    if commits != len(seen.released):
-        _fail(5, "-", f"the metrics count {commits} released, the real topics hold "
-                      f"{len(seen.released)}")
+    records = sum(map(len, seen.released.values()))
+    if commits != records:
+        _fail(5, "-", f"the metrics count {commits} released, the real topics hold {records}")
 
 
 def check_dead_letters(world: Any, seen: Observed) -> None:
@@ -255,12 +321,16 @@ def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, i
               policy: Any, quiet_since: int, fresh_at: list[int]) -> None:
     """After the faults stopped and everything settled. ``fresh_at``: when a new checkpoint
     replaced the state."""
-    check_step(ledger, seen, True, policy)
+    check_step(ledger, seen, True, policy, fresh_at, everything=True)
     check_dead_letters(world, seen)
     for txid, truth in ledger.tx.items():
         if not truth.halves:
             continue  # never stored: nothing to end
-        ended = seen.ended(txid)
+        # The same id registered again once its outcome may be forgotten is a new transaction:
+        # its first life is judged.
+        first = _lives(seen.notes.get(txid, []), policy, fresh_at)[0]
+        endings = [n for n in first if n.get("event") in _ENDINGS]
+        ended = endings[-1] if endings else None
         if ended is None and _half_gone(world, truth) and (
                 seen.seen_at(txid) is None or any(t > truth.halves[0][0] for t in fresh_at)):
             continue  # its half message is gone, and no state holds it: nothing knows of it

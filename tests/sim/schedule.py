@@ -24,17 +24,24 @@ from sources.kafka_io import SourceOptions
 from state.keys import KeyLayout
 from state.policy import Policy
 from streaming.engine.operator import coordinator_function
-from txstream.message import Decision
+from txstream.message import Decision, EndEvent
+from txstream.wire import encode_end
 
 from sim.actors import Consumer, Producers, TxPlan
-from sim.oracle import Observer, check_end, check_metrics, check_step
+from sim.oracle import (
+    Observer,
+    check_end,
+    check_metrics,
+    check_requests_answered,
+    check_step,
+)
 from sim.spark import SimCrash, SparkModel
 from sim.world import T0, World
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
 
 COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, Decision.UNKNOW
-FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate")
+FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate", "flood")
 _CRASH_POINTS = ("planned", "writing", "written")
 
 
@@ -87,7 +94,8 @@ def _policy(rng: random.Random) -> Policy:
     )
 
 
-def _plans(rng: random.Random, groups: list[str], traffic_ms: int, n: int) -> list[TxPlan]:
+def _plans(rng: random.Random, groups: list[str], traffic_ms: int, n: int,
+           policy: Policy) -> list[TxPlan]:
     plans = []
     for i in range(n):
         outcome = rng.choice((COMMIT, COMMIT, ROLLBACK, UNKNOW))
@@ -95,9 +103,14 @@ def _plans(rng: random.Random, groups: list[str], traffic_ms: int, n: int) -> li
             business_key=f"order-{i}", group=rng.choice(groups),
             topic=rng.choice(("orders", "payments")), send_at=rng.randrange(traffic_ms),
             outcome=outcome, decide_after=rng.choice((0, 0, 0, 1500, 5000)),
-            end_delay=rng.choice((0, 5, 100, 1000)), dies=rng.random() < 0.08,
+            end_delay=rng.choice((0, 5, 100, 1000, 3000)), dies=rng.random() < 0.08,
             end_first=rng.random() < 0.08, duplicate=rng.random() < 0.08,
-            in_doubt=rng.random() < 0.05))
+            in_doubt=rng.random() < 0.05,
+            # A copy written again later (a producer's retry, or the same id sent again): past
+            # the whole transaction's retention, and past its outcome's too sometimes.
+            late_copy=(rng.randrange(policy.resolved_retention + 1000,
+                                     2 * policy.reserved_time)
+                       if rng.random() < 0.1 else 0)))
     return plans
 
 
@@ -115,8 +128,11 @@ def _faults(rng: random.Random, traffic_ms: int, policy: Policy, groups: list[st
         elif kind == "broker_down":
             faults.append(Fault(at, kind, rng.choice((500, 2000, 5000))))
         elif kind == "away":
-            faults.append(Fault(at, kind, rng.choice((3, 8)) * policy.check_interval,
-                                rng.choice(groups)))
+            length = rng.choice((3 * policy.check_interval, 8 * policy.check_interval,
+                                 policy.reserved_time + 3000))
+            faults.append(Fault(at, kind, length, rng.choice(groups)))
+        elif kind == "flood":
+            faults.append(Fault(at, kind, arg=rng.choice((40, 120, 300))))
         else:
             faults.append(Fault(at, kind))
     return sorted(faults, key=lambda f: f.at)
@@ -134,12 +150,12 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
         layout=KeyLayout(window_ms=rng.choice((500, 2000)), shards=rng.choice((1, 2)),
                          partitions=2),
         max_offsets=rng.choice((None, None, 3, 7, 20)),
-        plans=_plans(rng, groups, traffic_ms, rng.randrange(2, 9)),
+        plans=_plans(rng, groups, traffic_ms, rng.randrange(2, 9), policy),
         skews=skews,
         faults=_faults(rng, traffic_ms, policy, groups, kinds) if kinds else [],
         traffic_ms=traffic_ms,
-        in_flight=rng.choice((0.0, 0.3)),
-        pipelined=rng.choice((0.0, 0.3)),
+        in_flight=rng.choice((0.0, 0.3, 0.6)),
+        pipelined=rng.choice((0.0, 0.3, 0.6)),
         like_tansu=rng.random() < 0.5,
     )
 
@@ -179,6 +195,7 @@ class Simulation:
         self.quiet_since = T0
         self.pending_crash: tuple[str, int] | None = None
         self.fresh_at: list[int] = []
+        self.away_spans: list[tuple[str, int, int]] = []
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -197,11 +214,23 @@ class Simulation:
             world.set_down(True)
         elif fault.kind == "away":
             self.producers.away[fault.arg] = (now, now + fault.length)
+            self.away_spans.append((fault.arg, now, now + fault.length))
         elif fault.kind == "retention":
+            # Retention deletes old records: ones the coordinator has read and committed
+            # (bodies of transactions it still holds among them).
+            read = self.spark.read_to(world.topics.half)
             for partition in range(world.broker.partition_count(world.topics.half) or 0):
-                end = world.broker.end_offset(world.topics.half, partition)
-                world.broker.delete_records(world.topics.half, partition,
-                                            self.rng.randrange(end + 1))
+                upto = min(read.get(partition, 0),
+                           world.broker.end_offset(world.topics.half, partition))
+                start = world.broker.start_offset(world.topics.half, partition)
+                if upto > start:
+                    world.broker.delete_records(world.topics.half, partition,
+                                                self.rng.randrange(start, upto + 1))
+        elif fault.kind == "flood":  # end events of transactions nobody sent: a backlog
+            for i in range(fault.arg):
+                end = EndEvent(f"orphan-{self.sc.seed}-{now}-{i}", "GX", COMMIT)
+                record = encode_end(end, world.topics)
+                world.broker.append(record.topic, record.key, record.value, record.headers)
         elif fault.kind == "recreate":
             world.broker.delete_topic(world.topics.half)
             world.broker.create_topic(world.topics.half, 1)
@@ -244,7 +273,8 @@ class Simulation:
         self.report.batches += 1
         self.report.replays += report.replay
         self.summaries.extend(report.timers)
-        check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy)
+        check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy,
+                   self.fresh_at)
 
     def _tick(self) -> None:
         world = self.world
@@ -274,6 +304,7 @@ class Simulation:
         seen = self.observer.update()
         check_end(world, self.producers.ledger, seen, self.consumer.delivered, sc.policy,
                   self.quiet_since, self.fresh_at)
+        check_requests_answered(self.producers, seen, sc.policy, self.fresh_at)
         check_metrics(seen, self.summaries)
         self.report.transactions = len(self.producers.ledger.tx)
         for txid in self.producers.ledger.tx:
@@ -294,7 +325,9 @@ class Simulation:
 
 def run(seed: int, kinds: tuple[str, ...] = FAULTS) -> Report:
     """Play the schedule of ``seed``; raises ``sim.oracle.Violation`` on a broken promise."""
-    with tempfile.TemporaryDirectory(prefix="txstream-sim-") as tmp:
+    shm = Path("/dev/shm")  # the timer schedule is a file: in memory where there is a tmpfs
+    with tempfile.TemporaryDirectory(prefix="txstream-sim-",
+                                     dir=shm if shm.is_dir() else None) as tmp:
         simulation = Simulation(scenario(seed, kinds), Path(tmp))
         try:
             return simulation.run()

@@ -149,6 +149,12 @@ class SparkModel:
         self.timer_file.unlink(missing_ok=True)
         self._start_run()
 
+    def read_to(self, topic: str) -> dict[int, int]:
+        """How far the last committed batch read ``topic``: {partition: next offset}."""
+        if self.committed is None:
+            return {}
+        return {int(p): int(o) for p, o in self.log[self.committed].end.get(topic, {}).items()}
+
     def _restore_schedule(self) -> None:
         """``streaming.engine.timers.restore_schedule``: the file is a cache of the state's
         timeouts; one that does not reflect the last committed batch is rebuilt from them."""
@@ -208,9 +214,8 @@ class SparkModel:
         report.inputs = _event_rows(table)
         store = dict(self.store)
         outputs = self._operate(table, logged, store)
-        report.timers = [value for batches in outputs.values() for b in batches
-                         for kind, value in zip(b.column("kind").to_pylist(),
-                                                b.column("value").to_pylist(), strict=True)
+        report.timers = [value for frames in outputs.values() for f in frames
+                         for kind, value in zip(f["kind"], f["value"], strict=True)
                          if kind == Kind.TIMER and value]
         report.commits = self._write(batch, outputs)
         if crash_at == "written":
@@ -225,31 +230,31 @@ class SparkModel:
         return report
 
     def _operate(self, table: pa.Table, logged: LoggedBatch,
-                 store: dict[int, tuple[bytes, int]]) -> dict[int, list[pa.RecordBatch]]:
+                 store: dict[int, tuple[bytes, int]]) -> dict[int, list[pd.DataFrame]]:
         """The stateful operator: every key with rows, then every key timed out."""
         keys = table.column("state_key").to_pylist()
         by_key: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_key.setdefault(key, []).append(i)
-        out: dict[int, list[pa.RecordBatch]] = {}
+        out: dict[int, list[pd.DataFrame]] = {}
+        frame = table.to_pandas() if by_key else None  # as Spark converts: Arrow to pandas
         for key in sorted(by_key):
             rows = by_key[key]
             self.rng.shuffle(rows)  # the shuffle's order: the operator must not depend on it
-            out[key] = self._call(key, self._frames(table, rows), store, logged, False)
+            out[key] = self._call(key, self._frames(frame, rows), store, logged, False)
         timed_out = sorted(k for k, (_, t) in store.items()
                            if k not in by_key and t != _NO_TIMESTAMP and t < logged.batch_ms)
         for key in timed_out:
             out[key] = self._call(key, [], store, logged, True)
         return out
 
-    def _frames(self, table: pa.Table, rows: list[int]) -> list[pd.DataFrame]:
-        taken = table.take(pa.array(rows, type=pa.int64()))
+    def _frames(self, frame: Any, rows: list[int]) -> list[pd.DataFrame]:
         cut = self.rng.randint(1, max(1, len(rows)))  # a key's rows may come in chunks
-        chunks = [taken.slice(0, cut), taken.slice(cut)] if cut < len(rows) else [taken]
-        return [c.to_pandas() for c in chunks if c.num_rows]
+        parts = [rows[:cut], rows[cut:]] if cut < len(rows) else [rows]
+        return [frame.iloc[part].reset_index(drop=True) for part in parts if part]
 
     def _call(self, key: int, frames: list[pd.DataFrame], store: dict[int, tuple[bytes, int]],
-              logged: LoggedBatch, timed_out: bool) -> list[pa.RecordBatch]:
+              logged: LoggedBatch, timed_out: bool) -> list[pd.DataFrame]:
         blob = store.get(key, (None, _NO_TIMESTAMP))[0]
         state = GroupState(
             optionalValue=Row(blob) if blob is not None else Row(),
@@ -264,15 +269,17 @@ class SparkModel:
             store[key] = (state._value[0], state._timeout_timestamp)
         elif key in store:
             store[key] = (store[key][0], state._timeout_timestamp)
-        # As Spark hands them on: the frames as Arrow, in the output schema.
-        return [pa.RecordBatch.from_pandas(frame, schema=_OUTPUT_ARROW, preserve_index=False)
-                for frame in frames_out]
+        return frames_out
 
-    def _write(self, batch: int, outputs: dict[int, list[pa.RecordBatch]]) -> list[SinkCommit]:
-        """Each shuffle partition's rows as one sink task."""
-        tasks: dict[int, list[pa.RecordBatch]] = {}
-        for key, batches in outputs.items():
-            tasks.setdefault(spark_partition(key, self.partitions), []).extend(batches)
+    def _write(self, batch: int, outputs: dict[int, list[pd.DataFrame]]) -> list[SinkCommit]:
+        """Each shuffle partition's rows as one sink task, in Arrow as Spark hands them on."""
+        frames: dict[int, list[pd.DataFrame]] = {}
+        for key, out in outputs.items():
+            frames.setdefault(spark_partition(key, self.partitions), []).extend(out)
+        tasks = {partition: [pa.RecordBatch.from_pandas(
+            pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0],
+            schema=_OUTPUT_ARROW, preserve_index=False)]
+            for partition, parts in frames.items() if parts}
         commits = []
         for partition in range(self.partitions):
             context = TaskContext._getOrCreate()

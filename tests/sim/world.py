@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from typing import Any, NamedTuple
 
 from txstream.kafka.memory import MemoryBroker, register, unregister
@@ -85,7 +86,12 @@ class World:
         out: dict[int, list[Rec]] = {}
         for partition in range(self.broker.partition_count(topic) or 0):
             at = positions.get((topic, partition), 0)
-            new = [r for r in self._records(topic, partition) if r.offset >= at]
+            if self.broker.end_offset(topic, partition) <= at:
+                continue
+            stored = self.broker.records(topic, partition)
+            first = bisect_left(stored, at, key=lambda r: r.offset)
+            new = [Rec(topic, partition, r.offset, r.key, r.value, list(r.headers),
+                       r.timestamp) for r in stored[first:]]
             if new:
                 out[partition] = new
                 positions[(topic, partition)] = new[-1].offset + 1
