@@ -62,7 +62,9 @@ def test_the_promise_holds_over_seeded_schedules() -> None:
             for counts, failures in pool.map(_play, seeds):
                 injected.update(counts)
                 broken.extend(failures)
-    print("\nsimulation:", ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
+    print("\nsimulation: what was played, and how often")
+    for name, count in sorted(injected.items()):
+        print(f"  {name:36} {count:>8}")
     if broken:
         lines = [f"seed {seed}: {what}\n    replay: {replay_command(seed)}"
                  for seed, what in sorted(broken)[:20]]

@@ -368,3 +368,28 @@ def test_producer_starts_when_the_broker_refuses_its_check_topic(
     assert (f"txstream topics create --bootstrap-servers {kafka.bootstrap_servers} "
             f"--topic-prefix {topics.prefix} --group G") in warning
 
+
+
+@pytest.mark.parametrize(("configs", "warned"), [
+    ({}, None),
+    ({"retention.ms": str(3 * 86_400_000 + 1)}, None),
+    ({"retention.ms": "3600000"}, "retention.ms"),
+    ({"retention.bytes": "1073741824"}, "retention.bytes"),
+])
+def test_the_coordinator_warns_when_the_half_topic_may_drop_pending_bodies(
+        configs: dict[str, str], warned: str | None) -> None:
+    """By time or by size: bodies of pending transactions are read back from the half topic."""
+    import random
+
+    from streaming.engine.config import RunConfig
+    from streaming.engine.coordinator import half_retention_warning
+    from txstream.kafka.memory import MemoryBroker
+
+    with MemoryBroker("retention-warning", lambda: 0, random.Random(0)) as broker:
+        topics = Topics.with_prefix("w_")
+        broker.create_topic(topics.half, 2, configs)
+        warning = half_retention_warning(RunConfig(kafka=broker.settings, topics=topics))
+    if warned is None:
+        assert warning is None
+    else:
+        assert warning is not None and warned in warning and "HALF_MESSAGE_LOST" in warning

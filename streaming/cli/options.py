@@ -40,13 +40,15 @@ _POLICY_FLAGS: list[tuple[str, str, str]] = [
     ("transaction-timeout", "duration", "first back-check after this (transactionTimeOut)"),
     ("check-interval", "duration", "time between back-checks (transactionCheckInterval)"),
     ("check-max", "int", "answered checks before discard (transactionCheckMax)"),
-    ("reserved-time", "duration", "discard half messages older than this (fileReservedTime)"),
+    ("reserved-time", "duration", "discard half messages pending this long after the "
+     "coordinator registered them (fileReservedTime)"),
     ("orphan-end-timeout", "duration", "how long an end event waits for its half message"),
     ("resolved-retention", "duration", "how long resolved transactions are remembered"),
     ("timer-lead", "duration", "checks due this soon after a micro-batch starts run in it; "
                                "their records wait for the deadline (0: off)"),
     ("max-clock-skew", "duration", "a producer's born time further than this from the "
-                                   "broker's timestamp is not trusted (default 10s)"),
+                                   "record's timestamp does not set the first check "
+                                   "(default 10s)"),
     ("check-backoff-max", "int", "unanswered checks come twice as far apart each time, up to "
                                  "this many intervals (default 16; 1: every interval)"),
 ]
@@ -254,7 +256,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="/healthz says 503 once a timer is overdue by this much (default 2m)")
     p.add_argument("--no-history", action="store_true",
                    default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
-                   help="do not write transitions to the history topic")
+                   help="do not write transitions to the history topic (a new checkpoint "
+                        "then cannot read back what was decided)")
 
 
 def _policy(args: argparse.Namespace) -> Policy:

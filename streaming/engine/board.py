@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sources.offsets import records_of
 from streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summary
 from streaming.engine.query import OBSERVATION
-from txstream.timer_schedule import TICK
 
 __all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state"]
 
@@ -57,10 +57,11 @@ class BoardView:
 
 
 def parse_offsets(text: str | None) -> dict[Position, int]:
-    """The topic-partition offsets of a ``txstream-events`` offset (JSON), without the tick."""
-    raw = json.loads(text) if text else {}
+    """The topic-partition offsets of a ``txstream-events`` offset (JSON), without the entries
+    that are no topic (the tick, the progress time, a recovery)."""
+    raw = records_of(json.loads(text)) if text else {}
     return {(topic, int(p)): int(offset) for topic, parts in raw.items()
-            if topic != TICK and isinstance(parts, dict) for p, offset in parts.items()}
+            if isinstance(parts, dict) for p, offset in parts.items()}
 
 
 class MetricsBoard:

@@ -36,7 +36,7 @@ def session_for(config: RunConfig, app_name: str = "txstream") -> Any:
 
 def half_retention_warning(config: RunConfig) -> str | None:
     """What to tell the user when the half topic may drop a half message before its
-    transaction can end: the sink reads bodies back from there until the reserved time
+    transaction can end: bodies are read back from there until the reserved time
     (docs/decisions/0021-bodies-read-back.md). None: long enough, or the broker does not say."""
     from txstream.kafka.provision import admin_client, topic_states
 
@@ -45,14 +45,19 @@ def half_retention_warning(config: RunConfig) -> str | None:
         with admin_client(config.kafka) as admin:
             state = topic_states(admin, [half], with_configs=True)[half]
         retention = int(state.configs.get("retention.ms", "-1"))
+        size = int(state.configs.get("retention.bytes", "-1"))
     except Exception:  # not allowed, not told: nothing to say
         return None
-    if retention < 0 or retention >= reserved:
-        return None
-    return (f"the half topic {half} keeps records {retention} ms, less than the reserved time "
-            f"of {reserved} ms: a transaction that lives longer loses its body, and its release "
-            f"or discard goes to the dead-letter topic (HALF_MESSAGE_LOST); raise its "
-            f"retention.ms")
+    lost = ("a transaction that lives longer loses its body, and its release or discard goes "
+            "to the dead-letter topic (HALF_MESSAGE_LOST)")
+    if 0 <= retention < reserved:
+        return (f"the half topic {half} keeps records {retention} ms, less than the reserved "
+                f"time of {reserved} ms: {lost}; raise its retention.ms")
+    if size >= 0:
+        return (f"the half topic {half} keeps at most {size} bytes per partition "
+                f"(retention.bytes): under load it may delete records younger than the "
+                f"reserved time of {reserved} ms, and {lost}; set retention.bytes=-1")
+    return None
 
 
 class Coordinator:

@@ -99,6 +99,7 @@ class Producers:
         self.requested: dict[tuple[str, str], int] = {}
         self.answered: set[tuple[str, str, int]] = set()
         self.skipped: list[tuple[str, str, int, int]] = []
+        self.late_answers = 0  # answers given a while after their request was read
         self._seq = 0
         self._ids = 0
 
@@ -230,6 +231,7 @@ class Producers:
                 txid = req.message.transaction_id or ""
                 self.answered.add((group, txid, req.check_times))
                 delay = self.rng.choice((0, 0, 50, 300, 900, 2500))  # may race the next check
+                self.late_answers += delay >= 300
                 self._at(self.world.now + delay, lambda t=txid, n=req.check_times:
                          self._answer(t, n))
 

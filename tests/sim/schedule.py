@@ -307,10 +307,24 @@ class Simulation:
         check_requests_answered(self.producers, seen, sc.policy, self.fresh_at)
         check_metrics(seen, self.summaries)
         self.report.transactions = len(self.producers.ledger.tx)
+        self._count_traffic_faults()
         for txid in self.producers.ledger.tx:
             ended = seen.ended(txid)
             self.report.outcomes[ended["event"] if ended else "not stored"] += 1
         return self.report
+
+    def _count_traffic_faults(self) -> None:
+        """The faults that come with the traffic and the settings, for the report."""
+        faults = self.report.faults
+        for plan in self.sc.plans:
+            for name in ("dies", "end_first", "duplicate", "in_doubt", "late_copy"):
+                faults[name] += bool(getattr(plan, name))
+        faults["skewed clocks"] += any(self.sc.skews.values())
+        faults["timer lead"] += self.sc.policy.timer_lead > 0
+        faults["catch-up past the reserved time"] += any(
+            f.kind == "outage" and f.length > self.sc.policy.reserved_time
+            for f in self.sc.faults)
+        faults["answers racing the next check"] += self.producers.late_answers
 
     def _settling_time(self) -> int:
         p = self.sc.policy

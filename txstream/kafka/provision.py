@@ -268,8 +268,8 @@ def admin_client(settings: KafkaSettings) -> Iterator[Any]:
         admin.close()
 
 
-_SHOWN_CONFIGS = ("retention.ms", "max.message.bytes", "message.timestamp.type",
-                  "cleanup.policy")
+_SHOWN_CONFIGS = ("retention.ms", "retention.bytes", "max.message.bytes",
+                  "message.timestamp.type", "cleanup.policy")
 
 
 def topic_states(admin: Any, names: Sequence[str], with_configs: bool = False

@@ -1,0 +1,154 @@
+"""The simulation catches each defect it was built for: put the old rule back, and a seeded
+schedule breaks the promise.
+
+Each case re-introduces one defect found by reading the code against the seeds (issue 31) at
+the depth where it lived, as it was, and plays the first seed of the simulation's default run
+(``pytest -m sim``) that caught it. A change to the simulation that moves its schedules may
+move the seed: ``TXSTREAM_SIM_SEEDS=400 pytest -m sim`` with the old rule put back (the
+patches here) finds another. The consumer's retries (defect 5) are outside the simulation:
+``tests/test_client_retry.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import client.check_choice as check_choice
+import sources.bodies as bodies
+import sources.journal as journal
+import state.bucket as bucket
+import state.lifecycle as lifecycle
+import txstream.kafka.reading as reading
+from state.effects import Release
+from state.lifecycle import Action, Status
+from state.timing import anchor
+
+from sim.actors import COMMIT, Producers
+from sim.oracle import Violation
+from sim.schedule import run
+
+pytestmark = pytest.mark.sim
+
+
+def _stale_body_read(mp: pytest.MonkeyPatch) -> None:
+    """1: a kept consumer re-assigned without clearing its state, and what it did not find
+    taken as gone."""
+    def assign(consumer: Any, tps: Any, starts: Any) -> None:
+        consumer.assign(list(tps))
+        for tp in tps:
+            consumer.seek(tp, starts.get((tp.topic, tp.partition), 0))
+
+    mp.setattr(reading, "_assign", assign)
+    mp.setattr(bodies.BodySource, "_confirm", lambda self, found, missing: None)
+
+
+def _no_recovery(mp: pytest.MonkeyPatch) -> None:
+    """2: a new checkpoint reads the topics afresh, knowing nothing decided."""
+    mp.setattr(journal.Journal, "starting", classmethod(lambda cls, ends: None))
+
+
+def _age_from_born_time(mp: pytest.MonkeyPatch) -> None:
+    """3: the reserved time counted from the producer's born time (or a record timestamp)."""
+    mp.setattr(lifecycle, "_seen", lambda tx, policy: anchor(tx.half, tx.deadline, policy))
+
+
+def _discard_before_ends_read(mp: pytest.MonkeyPatch) -> None:
+    """3: a discard that does not wait for the end topic to be read past its deadline."""
+    mp.setattr(lifecycle, "waits_for_ends", lambda *args: False)
+    mp.setattr(bucket, "waits_for_ends", lambda *args: False)
+
+
+def _release_without_body(mp: pytest.MonkeyPatch) -> None:
+    """4: "released" whether or not the body can be read back."""
+    def release(tx: Any, end: Any, now: int, policy: Any) -> Any:
+        detail = lifecycle._decision_detail(end)
+        return lifecycle._resolved(tx, Status.COMMITTED, now, policy), [
+            Release(tx.half, end.born_timestamp),
+            lifecycle._note(tx.transaction_id, "released", now, **detail)]
+
+    mp.setitem(lifecycle._ACTIONS, Action.RELEASE, release)
+
+
+def _latest_made_not_due(mp: pytest.MonkeyPatch) -> None:
+    """6: only an answer to the latest check made counts, even one held back till its due."""
+    mp.setattr(lifecycle, "latest_visible_check", lambda tx, now: tx.checks_sent)
+
+
+def _outcome_until_born_plus_reserved(mp: pytest.MonkeyPatch) -> None:
+    """7: an outcome remembered until the half message's reserved time, so a discard for age
+    is not remembered at all."""
+    resolved = lifecycle._resolved
+
+    def old(tx: Any, status: Status, now: int, policy: Any) -> Any:
+        new = resolved(tx, status, now, policy)
+        until = (lifecycle._seen(tx, policy) + policy.reserved_time
+                 if tx.half is not None else None)
+        return dataclasses.replace(new, remember_until=until)
+
+    mp.setattr(lifecycle, "_resolved", old)
+
+
+def _expiry_on_producer_clock(mp: pytest.MonkeyPatch) -> None:
+    """8: a request's validity compared with the producer's own clock."""
+    choose = check_choice.CheckChoice.choose
+
+    def remembering(self: Any, fetched: Any, now_ms: int) -> Any:
+        self.producer_ms = now_ms
+        return choose(self, fetched, now_ms)
+
+    def expired(self: Any, req: Any) -> bool:
+        return req.valid_until is not None and self.producer_ms > req.valid_until + self.grace_ms
+
+    mp.setattr(check_choice.CheckChoice, "choose", remembering)
+    mp.setattr(check_choice.CheckChoice, "expired", expired)
+
+
+def _partitions_assumed(mp: pytest.MonkeyPatch) -> None:
+    """9: end offsets and bodies asked of partitions a re-created half topic no longer has."""
+    mp.setattr(reading, "_existing", lambda consumer, tps: list(tps))
+    mp.setattr(bodies.BodySource, "_partitions", lambda self: set(range(1 << 16)))
+
+
+def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
+    """10: an application that retries after a failed send and answers checks by business key
+    (as the README's sample did): any attempt of a committed order is committed."""
+    answer = Producers._answer
+
+    def by_key(self: Any, txid: str, check: int) -> None:
+        truth = self.ledger.tx.get(txid)
+        if truth is not None and any(self.ledger.tx[t].decision is COMMIT
+                                     for t in self.ledger.by_key[truth.plan.business_key]):
+            self._write_end(truth, COMMIT, check)
+            return
+        answer(self, txid, check)
+
+    mp.setattr(Producers, "_answer", by_key)
+
+
+DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
+    ("1-stale-watermark", _stale_body_read, 291, "while its body is there"),
+    ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
+    ("3-born-time", _age_from_born_time, 12, "discarded for age"),
+    ("3-ends-unread", _discard_before_ends_read, 58, "its commit was written before"),
+    ("4-lost-body-released", _release_without_body, 12, "the history says released"),
+    ("6-valid-answer", _latest_made_not_due, 2, "was not counted"),
+    ("7-age-discard-forgotten", _outcome_until_born_plus_reserved, 41, "ended twice"),
+    ("8-producer-clock", _expiry_on_producer_clock, 6, "was not answered"),
+    ("9-fewer-partitions", _partitions_assumed, 12, "no high watermark"),
+    ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
+]
+
+
+@pytest.mark.parametrize(("patch", "seed", "broken"), [d[1:] for d in DEFECTS],
+                         ids=[d[0] for d in DEFECTS])
+def test_the_simulation_catches_the_defect(monkeypatch: pytest.MonkeyPatch,
+                                           patch: Callable[[pytest.MonkeyPatch], None],
+                                           seed: int, broken: str) -> None:
+    run(seed)  # the fixed code keeps the promise on this schedule
+    patch(monkeypatch)
+    with pytest.raises((Violation, Exception), match=broken):
+        run(seed)
