@@ -11,6 +11,9 @@ record was not, the task raises :class:`SendFailed`, which fails the micro-batch
 commits neither the batch nor its state, and the batch is run again on restart. That is what
 makes "a back-check counts only when delivered" true.
 
+A row whose body lies in the half topic (a held half message's release, check or discard) gets
+it read back first, all of a task's at once (:mod:`sinks.bodies`).
+
 A replayed batch writes nothing twice: its records carry the ids the operator gave them
 (``record_id``, equal in a replay), and a task that may be re-running a batch first reads
 what is already on its topics and leaves those records out (:mod:`sinks.replay`). Option
@@ -41,8 +44,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from sinks.bodies import with_bodies
 from sinks.delivery import Delivery, Prepared, make_sink_producer
 from sinks.replay import replay_suspected, written_ids
+from sources.bodies import BodySource
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
@@ -77,6 +82,8 @@ class SinkOptions:
     # None: such a record fails the batch.
     dead_letter_topic: str | None = None
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
+    # Where the bodies of held half messages are read back from (sinks.bodies).
+    half_topic: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -185,6 +192,11 @@ def _checked(rows: list[OutputRow]) -> list[Prepared]:
     return ready
 
 
+def _with_bodies(options: SinkOptions, rows: list[Prepared]) -> list[Prepared]:
+    source = BodySource(options.kafka, options.half_topic) if options.half_topic else None
+    return with_bodies(source, rows)
+
+
 def _delivery(options: SinkOptions) -> Delivery:
     return Delivery(options.kafka, options.flush_timeout_s, options.dead_letter_topic,
                     options.max_message_bytes)
@@ -200,7 +212,7 @@ def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
     if options.replay_check and replay_suspected():
         ready = _not_yet_written(options, ready)
     delivery = _delivery(options)
-    delivery.send(ready)
+    delivery.send(_with_bodies(options, ready))
     return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms)
 
 
@@ -218,7 +230,7 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     for batch in batches:
         rows, ms = _split_timers(_rows([batch]), timers)
         batch_ms = ms if ms is not None else batch_ms
-        delivery.send(_checked(rows))
+        delivery.send(_with_bodies(options, _checked(rows)))
     return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms)
 
 

@@ -3,10 +3,11 @@
 A pending transaction's state keeps where its half message lies, not its body
 (``state.bucket``, docs/decisions/0021-bodies-read-back.md). Before the core decides anything in
 a call, the operator reads back the bodies of every held half message the call may write (the
-commits it reads, the checks and discards its timers may send): all of them at once, per half
-partition, the wanted offsets in a few ranges (offsets close together in one read)
-(:func:`read_bodies`). A body that is gone is told to the core as an event, so nothing claims a
-release it cannot make.
+commits it reads, the checks and discards its timers may send), all of them at once, per half
+partition, the wanted offsets in a few ranges (offsets close together in one read), to learn
+which are gone (:func:`gone_bodies`): a body that is gone is told to the core as an event, so
+nothing claims a release it cannot make. The sink reads the bodies it writes once more
+(:mod:`sinks.bodies`), so that big bodies never pass through the JVM.
 
 The record read back must be the half message of the transaction (its key is the transaction
 id). One that is gone (the half topic's retention ran out before the transaction ended; its
@@ -42,7 +43,7 @@ from txstream.kafka import (
     read_range,
 )
 
-__all__ = ["BodySource", "ranges", "read_bodies", "OTHER_RECORD"]
+__all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD"]
 
 # Wanted offsets at most this far apart are read in one range: reading the records between
 # them costs less than another fetch round trip.
@@ -184,15 +185,13 @@ class BodySource:
         return {p["partition_index"] for p in topic["partitions"]}
 
 
-def read_bodies(source: BodySource, wanted: Mapping[str, Position]
-                ) -> tuple[dict[str, bytes], dict[str, str]]:
-    """``wanted``: {transaction id: where its half message lies}. Returns the bodies found, and
-    why each other one cannot be read (the end of a sentence about the body)."""
+def gone_bodies(source: BodySource, wanted: Mapping[str, Position]) -> dict[str, str]:
+    """``wanted``: {transaction id: where its half message lies}. Returns why each body that
+    cannot be read is gone (the end of a sentence about the body); the others are there."""
     positions: dict[int, set[int]] = {}
     for partition, offset in wanted.values():
         positions.setdefault(partition, set()).add(offset)
     records = source.read(positions)
-    found: dict[str, bytes] = {}
     gone: dict[str, str] = {}
     for txid, (partition, offset) in wanted.items():
         rec = records.get((partition, offset))
@@ -202,6 +201,4 @@ def read_bodies(source: BodySource, wanted: Mapping[str, Position]
             gone[txid] = f"cannot be read: {rec.error}"
         elif rec.key != txid.encode("utf-8"):
             gone[txid] = OTHER_RECORD
-        else:
-            found[txid] = bytes(rec.value) if rec.value is not None else b""
-    return found, gone
+    return gone

@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from state.effects import Effect
@@ -187,13 +186,6 @@ class Bucket:
             if due and not waits_for_ends(tx, max(now, tx.deadline), policy, reads):
                 _body_at(tx, wanted)
         return wanted
-
-    def attach_body(self, transaction_id: str, body: bytes) -> None:
-        """Give a held half message its body back for this call (the encoding drops it again:
-        the state keeps where it lies)."""
-        tx = self._decoded(transaction_id)
-        if tx.half is not None:
-            self._held[transaction_id] = replace(tx, half=replace(tx.half, body=body))
 
     def recall_outcome(self, transaction_id: str, status: str, until: int, now: int) -> bool:
         """Remember an outcome decided before this state existed (recovered from the history

@@ -28,6 +28,7 @@ __all__ = [
     "history_of",
     "headers_of",
     "output_row",
+    "discard_by_answers",
 ]
 
 
@@ -139,8 +140,23 @@ def headers_of(record: Any) -> dict[str, str]:
 
 def output_row(kind: str, topic: str, key: bytes | None, value: bytes | None,
                headers: bytes | None = None, record_id: str | None = None,
-               batch_ms: int | None = None, not_before_ms: int | None = None) -> OutputRow:
+               batch_ms: int | None = None, not_before_ms: int | None = None,
+               body_at: tuple[int, int] | None = None) -> OutputRow:
     """An operator output row as the sink takes it; the columns the sink does not read stay
-    null."""
+    null. ``body_at``: where in the half topic its body lies (its value is then null)."""
     return OutputRow(kind, topic, key, value, headers, None, None, None, None, None, None,
-                     record_id, batch_ms, not_before_ms)
+                     record_id, batch_ms, not_before_ms, *(body_at or (None, None)))
+
+
+def discard_by_answers(settings: KafkaSettings, topics: Topics, txid: str, group: str,
+                       topic: str, answers: int, timeout_s: float = 60.0) -> None:
+    """A half message whose back-checks are answered UNKNOW ``answers`` times (the
+    coordinator's ``check_max``): the coordinator discards it at its next timer."""
+    produce(settings, [half_record(topics, txid, group, topic)])
+    for number in range(1, answers + 1):
+        wait_until(lambda n=number: any(  # type: ignore[misc]
+            headers_of(r).get("TRANSACTION_CHECK_TIMES") == str(n)
+            and r.key == txid.encode() for r in read_topic(settings, topics.check(group))),
+            timeout_s)
+        produce(settings, [end_record(topics, txid, group, Decision.UNKNOW, from_check=True,
+                                      check_times=number)])

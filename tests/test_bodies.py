@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 
-from sources.bodies import OTHER_RECORD, BodySource, ranges, read_bodies
+from sinks.kafka_sink import SinkOptions, send_rows
+from sources.bodies import OTHER_RECORD, BodySource, gone_bodies, ranges
 from txstream.kafka import KafkaSettings, close_quietly, make_admin, make_consumer, make_producer
+from txstream.schema import Kind
 from txstream.topics import Topics
+from txstream.wire import H, pack_headers
 
-from kafka_helpers import half_record, produce, wait_until
+from kafka_helpers import half_record, output_row, produce, read_topic, wait_until
 
 
 @pytest.mark.parametrize(("offsets", "want"), [
@@ -41,16 +44,76 @@ def _half_topic(kafka: KafkaSettings, topics: Topics) -> dict[str, int]:
     return {txid: offset for offset, txid in enumerate(names)}
 
 
-def test_each_body_is_read_back_once_and_what_is_gone_says_why(
-        kafka: KafkaSettings, unique: str) -> None:
+def _rows(topics: Topics, at: dict[str, int], real: str) -> list[Any]:
+    def release(txid: str, offset: int) -> Any:
+        headers = pack_headers([(H.TRAN_MSG, b"true"), (H.TRANSACTION_ID, txid.encode())])
+        return output_row(Kind.VISIBLE, real, b"K", None, headers, body_at=(0, offset))
+
+    def check(txid: str, offset: int) -> Any:
+        return output_row(Kind.CHECK, topics.check("G"), txid.encode(), None,
+                          pack_headers([(H.CHECK_TIMES, b"1")]), body_at=(0, offset))
+
+    return [
+        release("tx-a", at["tx-a"]),
+        check("tx-a", at["tx-a"]),  # the same record, for two rows
+        check("tx-b", at["tx-b"]),
+        output_row(Kind.DISCARD, topics.discard, b"tx-c", None, None, body_at=(0, at["tx-c"])),
+        output_row(Kind.HISTORY, topics.history, b"1", b"[]"),  # carries its own value
+        release("tx-x", at["other-5"]),  # another transaction's record lies there
+        check("tx-y", 10_000),  # past the partition's end: gone
+    ]
+
+
+def test_the_sink_reads_each_body_back_once(kafka: KafkaSettings, unique: str) -> None:
     topics = Topics.with_prefix(f"{unique}_")
     at = _half_topic(kafka, topics)
-    found, gone = read_bodies(BodySource(kafka, topics.half), {
+    options = SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter,
+                          half_topic=topics.half)
+    rows = _rows(topics, at, f"{unique}_real")
+    commit = send_rows(options, rows[:5])
+    assert commit.counts == {Kind.VISIBLE: 1, Kind.CHECK: 2, Kind.DISCARD: 1, Kind.HISTORY: 1}
+    assert [r.value for r in read_topic(kafka, f"{unique}_real")] == [b"body of tx-a"]
+    checks = {r.key: r.value for r in read_topic(kafka, topics.check("G"))}
+    assert checks == {b"tx-a": b"body of tx-a", b"tx-b": b"body of tx-b"}
+    assert [r.value for r in read_topic(kafka, topics.discard)] == [b"body of tx-c"]
+
+
+@pytest.mark.parametrize(("row", "why"), [(5, "another transaction's record"),
+                                          (6, "no longer in the topic")])
+def test_a_body_gone_since_the_operator_read_it_fails_the_batch_and_writes_nothing(
+        kafka: KafkaSettings, unique: str, row: int, why: str) -> None:
+    """The operator found it and decided; the replay decides again with what is there (the
+    history never says "released" for what was not)."""
+    from txstream.errors import SendFailed
+
+    topics = Topics.with_prefix(f"{unique}_")
+    at = _half_topic(kafka, topics)
+    options = SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter,
+                          half_topic=topics.half)
+    rows = _rows(topics, at, f"{unique}_real")
+    with pytest.raises(SendFailed, match=f"{why}.* since it was read in this batch"):
+        send_rows(options, [*rows[:2], rows[row]])
+    assert read_topic(kafka, f"{unique}_real") == []
+    assert read_topic(kafka, topics.dead_letter) == []
+
+
+def test_rows_that_need_bodies_need_the_half_topic(kafka: KafkaSettings, unique: str) -> None:
+    from txstream.errors import SendFailed
+
+    topics = Topics.with_prefix(f"{unique}_")
+    row = output_row(Kind.CHECK, topics.check("G"), b"t", None, None, body_at=(0, 0))
+    with pytest.raises(SendFailed, match="half_topic"):
+        send_rows(SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter), [row])
+
+
+def test_what_is_gone_says_why(kafka: KafkaSettings, unique: str) -> None:
+    topics = Topics.with_prefix(f"{unique}_")
+    at = _half_topic(kafka, topics)
+    gone = gone_bodies(BodySource(kafka, topics.half), {
         "tx-a": (0, at["tx-a"]), "tx-b": (0, at["tx-b"]), "tx-c": (0, at["tx-c"]),
         "tx-x": (0, at["other-5"]),  # another transaction's record lies there
         "tx-y": (0, 10_000),  # past the partition's end: gone
     })
-    assert found == {txid: f"body of {txid}".encode() for txid in ("tx-a", "tx-b", "tx-c")}
     assert gone == {"tx-x": OTHER_RECORD,
                     "tx-y": "is no longer in the topic (its retention is shorter than "
                             "transactions live)"}
@@ -140,8 +203,12 @@ def _write(kafka: KafkaSettings, topics: Topics, partition: int, txids: list[str
 
 def _read(source: BodySource, wanted: dict[str, tuple[int, int]]) -> list[Any]:
     """(transaction id, body or None, why gone) per wanted body, in order."""
-    found, gone = read_bodies(source, wanted)
-    return [(txid, found.get(txid), gone.get(txid, "")) for txid in wanted]
+    positions: dict[int, set[int]] = {}
+    for partition, offset in wanted.values():
+        positions.setdefault(partition, set()).add(offset)
+    found = source.read(positions)
+    return [(txid, found[at].value if at in found else None,
+             "" if at in found else source.why_missing(at[0])) for txid, at in wanted.items()]
 
 
 def test_a_kept_consumer_whose_fetch_has_not_come_back_reads_the_body_it_had_no_end_for(

@@ -27,6 +27,7 @@ from txstream.message import Decision
 from txstream.topics import Topics
 
 from kafka_helpers import (
+    discard_by_answers,
     end_record,
     half_record,
     history_of,
@@ -180,9 +181,8 @@ def test_history_shows_discards_and_dead_letters(
     coord: Running, capsys: pytest.CaptureFixture[str], unique: str
 ) -> None:
     txid, group = f"{unique}-old", f"{unique}-g"
-    born = now_ms() - 120_000  # stored then too: the coordinator trusts the broker's clock
-    produce(coord.kafka, [half_record(coord.topics, txid, group, f"{unique}-real",
-                                      born_ms=born)], timestamp_ms=born)
+    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real",
+                       POLICY.check_max)
     wait_until(lambda: any(n["event"] == "discarded"
                            for n in history_of(coord.kafka, coord.topics, txid)), timeout_s=60)
     produce(coord.kafka, [end_record(coord.topics, txid, "intruder", Decision.COMMIT_MESSAGE)])
@@ -190,7 +190,7 @@ def test_history_shows_discards_and_dead_letters(
                            for n in history_of(coord.kafka, coord.topics, txid)), timeout_s=60)
     rc, out, _ = _cli(capsys, "history", txid, *coord.args)
     assert rc == 0
-    assert "discarded: half message older than the reserved time of" in out
+    assert "discarded: still unknown after 2 answered checks" in out
     assert f"discard record {coord.topics.discard}[" in out
     assert "dead letter " + coord.topics.dead_letter in out
     assert "does not own transaction" in out

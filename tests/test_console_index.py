@@ -25,8 +25,16 @@ from txstream.message import Decision, Message
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half
 
-from console_helpers import Coordinator, produce_unknown, start_console_coordinator
-from kafka_helpers import end_record, half_record, now_ms, produce, wait_for, wait_until
+from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
+from kafka_helpers import (
+    discard_by_answers,
+    end_record,
+    half_record,
+    now_ms,
+    produce,
+    wait_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -214,9 +222,8 @@ def test_discards_and_dead_letters_come_with_their_reasons(
     coord: Coordinator, feed: IndexFeed, unique: str
 ) -> None:
     txid, group = f"{unique}-old", f"{unique}-g"
-    born = now_ms() - 660_000  # stored then too: the coordinator trusts the broker's clock
-    produce(coord.kafka, [half_record(coord.topics, txid, group, f"{unique}-real",
-                                      born_ms=born)], timestamp_ms=born)
+    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real",
+                       POLICY.check_max)
     index = feed.index
     row = feed_until(feed, lambda: (r := index.transaction(txid)) and r.outcome and r)
     produce(coord.kafka, [end_record(coord.topics, txid, "intruder", Decision.COMMIT_MESSAGE)])
@@ -224,7 +231,7 @@ def test_discards_and_dead_letters_come_with_their_reasons(
     row = index.transaction(txid)
     assert row is not None and (row.status, row.outcome) == (Status.DISCARDED, "discarded")
     assert row.reason is not None
-    assert row.reason.startswith("half message older than the reserved time of")
+    assert row.reason.startswith("still unknown after 2 answered checks")
     kinds = [e.kind for e in index.events(txid)]
     assert {"discarded", "discard_record", "rejected", "dead_letter"} <= set(kinds)
 

@@ -23,8 +23,8 @@ from console.server import ConsoleServer
 from streaming.cli.admin import send_decision
 from txstream.kafka import KafkaSettings
 
-from console_helpers import Coordinator, produce_unknown, start_console_coordinator
-from kafka_helpers import half_record, now_ms, produce, wait_until
+from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
+from kafka_helpers import discard_by_answers, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -198,9 +198,8 @@ def _seed_like(coord: Coordinator, plain: ConsoleServer, admin: ConsoleServer,
     for server in (plain, admin):
         _pending_with_a_check(server, txids[0])
     old = f"{unique}-old"
-    born = now_ms() - 660_000
-    produce(coord.kafka, [half_record(coord.topics, old, group, topic, born_ms=born)],
-            timestamp_ms=born)
+    # Its own group: nobody else answers its checks; two UNKNOW answers reach check_max.
+    discard_by_answers(coord.kafka, coord.topics, old, f"{unique}-g", topic, POLICY.check_max)
     wait_until(lambda: (t := _tx(plain, old)) and t["status"] == "DISCARDED", timeout_s=60)
     return txids, old
 
@@ -244,7 +243,7 @@ def _browse_without_a_token(page: Any, url: str, txids: list[str], old: str, uni
     # The discard, with its reason.
     page.click("#nav-refused")
     expect(page.locator("#refused tr[data-kind=discard_record]").filter(has_text=old)
-           ).to_contain_text("older than the reserved time")
+           ).to_contain_text("still unknown after 2 answered checks")
 
 
 def _roll_back_with_the_token(page: Any, url: str, txid: str, shot: Path) -> None:

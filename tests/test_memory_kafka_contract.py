@@ -18,7 +18,7 @@ from kafka.partitioner import murmur2
 
 from sinks.delivery import Delivery
 from sinks.kafka_sink import SinkOptions, send_rows
-from sources.bodies import BodySource, read_bodies
+from sources.bodies import BodySource, gone_bodies
 from txstream.kafka import (
     KafkaSettings,
     fetch_ends,
@@ -297,8 +297,13 @@ def test_body_source_reads_held_bodies_back(memory: World) -> None:
     found = source.read(wanted)
     assert {place: rec.value for place, rec in found.items()} == {
         place: f"body {i}".encode() for i, place in enumerate(at.values())}
-    found_by_id, gone = read_bodies(source, {"tx-7": at["tx-7"], "tx-x": at["tx-8"]})
-    assert found_by_id == {"tx-7": b"body 7"} and list(gone) == ["tx-x"]
+    assert list(gone_bodies(source, {"tx-7": at["tx-7"], "tx-x": at["tx-8"]})) == ["tx-x"]
+    release = output_row(Kind.VISIBLE, memory.topic("orders"), b"K", None,
+                         pack_headers([(H.TRANSACTION_ID, b"tx-7")]), body_at=at["tx-7"])
+    options = SinkOptions(kafka=memory.settings, dead_letter_topic=topics.dead_letter,
+                          half_topic=topics.half)
+    assert send_rows(options, [release]).counts == {Kind.VISIBLE: 1}
+    assert [r.value for r in read_topic(memory.settings, memory.topic("orders"))] == [b"body 7"]
     _process_died()
 
 

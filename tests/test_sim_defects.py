@@ -108,9 +108,12 @@ def _expiry_on_producer_clock(mp: pytest.MonkeyPatch) -> None:
 
 
 def _partitions_assumed(mp: pytest.MonkeyPatch) -> None:
-    """9: end offsets and bodies asked of partitions a re-created half topic no longer has."""
+    """9: end offsets and bodies asked of partitions a re-created half topic no longer has:
+    a read waits for a leader that never comes (1 s here, not 30), then fails the batch."""
     mp.setattr(reading, "_existing", lambda consumer, tps: list(tps))
+    mp.setattr(reading, "_listed", lambda consumer, topic, partition: True)
     mp.setattr(bodies.BodySource, "_partitions", lambda self: set(range(1 << 16)))
+    mp.setattr(bodies, "_READ_TIMEOUT_S", 1.0)
 
 
 def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
@@ -130,15 +133,15 @@ def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
 
 
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
-    ("1-stale-watermark", _stale_body_read, 291, "while its body is there"),
+    ("1-stale-watermark", _stale_body_read, 515, "while its body is there"),
     ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
     ("3-born-time", _age_from_born_time, 12, "discarded for age"),
     ("3-ends-unread", _discard_before_ends_read, 58, "its commit was written before"),
-    ("4-lost-body-released", _release_without_body, 12, "the history says released"),
+    ("4-lost-body-released", _release_without_body, 12, "failed 3 times in a row"),
     ("6-valid-answer", _latest_made_not_due, 2, "was not counted"),
     ("7-age-discard-forgotten", _outcome_until_born_plus_reserved, 41, "ended twice"),
     ("8-producer-clock", _expiry_on_producer_clock, 6, "was not answered"),
-    ("9-fewer-partitions", _partitions_assumed, 12, "no high watermark"),
+    ("9-fewer-partitions", _partitions_assumed, 12, "failed 3 times in a row"),
     ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
 ]
 

@@ -110,6 +110,13 @@ class OutputRow(NamedTuple):
     # A timer's record made ahead of its deadline (state.policy.Policy.timer_lead): the sink
     # sends it no earlier than this. Null: at once. A TIMER row: the key's next timeout.
     not_before_ms: Annotated[int | None, "bigint"]
+    # Where the record's value lies: a pending transaction's state keeps where its half message
+    # lies, not its body, so its release, checks and discard leave ``value`` null and name the
+    # half topic's partition and offset; the sink reads the body back, so that big bodies never
+    # pass through the JVM (sinks.bodies, docs/decisions/0021-bodies-read-back.md). Null:
+    # ``value`` is the record's value.
+    body_partition: Annotated[int | None, "int"]
+    body_offset: Annotated[int | None, "bigint"]
 
 
 def columns_of(row: type[tuple[object, ...]]) -> tuple[tuple[str, str], ...]:

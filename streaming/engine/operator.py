@@ -1,18 +1,18 @@
 """The ``applyInPandasWithState`` function: a thin adapter around the pure core.
 
 Per call (one state key, one micro-batch): decode the key's state and each record
-(:func:`sources.events.parse_event`), read back the bodies of held half messages the call may
-write (:mod:`sources.bodies`: a body that is gone is told to the core before any
-event, so nothing claims a release it cannot make), apply the events, run the timers that are
-due (or due within ``Policy.timer_lead``; a discard for age only once the end topic has been
-read past its deadline: the query's event-time watermark, fed by the source's PROGRESS rows),
-encode the state back, arm the key's processing-time timeout at its earliest transaction
-deadline less that lead, and turn the core's effects into records to write, plus one timer row
-with the key's new timeout for the driver's timer schedule (:mod:`txstream.timer_schedule`) and
-the call's metrics (:mod:`streaming.engine.key_metrics`). ``now`` is Spark's batch timestamp,
-and the watermark is the batch's, both kept by a replayed batch, so a replay emits what the
-first run emitted (with the same lead), under the same record ids (:func:`record_id`): that is
-what lets the sink skip what a crashed run already wrote.
+(:func:`sources.events.parse_event`); read back the bodies of the held half messages the call
+may write, to learn which are gone (:mod:`sources.bodies`: a body that is gone is told to the
+core before any event, so nothing claims a release it cannot make); apply the events; run the
+timers that are due (or due within ``Policy.timer_lead``; a discard only once the end topic has
+been read past when it became due: the query's event-time watermark, fed by the source's
+PROGRESS rows); encode the state back; arm the key's processing-time timeout at its earliest
+transaction deadline less that lead; and turn the core's effects into records to write, plus
+one timer row with the key's new timeout for the driver's timer schedule
+(:mod:`txstream.timer_schedule`) and the call's metrics (:mod:`streaming.engine.key_metrics`).
+``now`` is Spark's batch timestamp, and the watermark is the batch's, both kept by a replayed
+batch, so a replay emits what the first run emitted (with the same lead), under the same record
+ids (:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sources.bodies import BodySource, read_bodies
+from sources.bodies import BodySource, gone_bodies
 from sources.events import Malformed, parse_event
 from state.bucket import Bucket
 from state.effects import Note
@@ -144,7 +144,8 @@ def coordinator_function(
 
     def bodies_gone(bucket: Bucket, events: list[Event], now: int, ends_read: int
                     ) -> list[BodyGone]:
-        """Read back the bodies this call may write; those that are gone, as events."""
+        """The bodies this call may write that are gone, as events (the sink reads the others
+        again as it writes them: big bodies stay out of the JVM)."""
         commits = [e.transaction_id for e in events if isinstance(e, EndEvent)
                    and e.decision is Decision.COMMIT_MESSAGE and e.transaction_id]
         wanted = bucket.bodies_wanted(commits, now, policy.timer_lead, policy, ends_read)
@@ -153,9 +154,7 @@ def coordinator_function(
         if bodies is None:
             raise ValueError("held half messages need their bodies read back: the coordinator "
                              "function was made without Kafka settings")
-        found, gone = read_bodies(bodies, wanted)
-        for txid, body in found.items():
-            bucket.attach_body(txid, body)
+        gone = gone_bodies(bodies, wanted)
         return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
 
     def apply_events(bucket: Bucket, events: list[Event], now: int, rows: list[Emit],

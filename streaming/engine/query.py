@@ -118,7 +118,8 @@ def record_writer(outputs: Any, config: RunConfig, timer_file: Path | None) -> A
     with a ``timer_file``, each committed batch folds its keys' timeouts into it."""
     options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None,
                           dead_letter_topic=config.topics.dead_letter,
-                          max_message_bytes=config.max_message_bytes)
+                          max_message_bytes=config.max_message_bytes,
+                          half_topic=config.topics.half)
     return (
         outputs.writeStream.format("txstream-records")
         .options(**to_options(options))

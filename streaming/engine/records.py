@@ -41,7 +41,7 @@ from txstream.wire import (
     utf8,
 )
 
-__all__ = ["Emit", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
+__all__ = ["Emit", "body_at", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
            "coordinator_tag", "record_id", "output_rows", "output_frame"]
 
 # Nullable integer columns need pandas' nullable dtypes (Int64, Int32) to reach Arrow as
@@ -57,6 +57,9 @@ class Emit(NamedTuple):
     lag_ms: int | None = None
     history: Mapping[str, int] | None = None  # a history row: the count of each event
     not_before_ms: int | None = None  # the sink holds it until then (a timer run ahead)
+    # (partition, offset) of the half topic record whose value is this record's value, which
+    # the sink reads back (record.value is then null): a half message from the state.
+    body_at: tuple[int, int] | None = None
 
 
 def dead_letter_of_record(kind: int, key: Any, value: Any, headers: Any, partition: int,
@@ -105,11 +108,18 @@ def _body_lost(message: Message, instead_of: str, reason: str, topics: Topics,
         f"{reason}", Code.HALF_MESSAGE_LOST, origin, topics, limit)
 
 
+def body_at(message: Message) -> tuple[int, int] | None:
+    """Where the body of a half message the state holds without it lies in the half topic
+    (``state.bucket``: bodies stay in the topic); None when the message carries its body."""
+    if message.body is None and message.queue_id is not None and message.queue_offset is not None:
+        return message.queue_id, message.queue_offset
+    return None
+
+
 def _body_missing(message: Message) -> bool:
-    """A held half message whose body was not read back before its record was made: the
-    operator reads every body a call may need first, so this is a coordinator bug, written as
-    a dead letter rather than stopping the coordinator."""
-    return message.body is None
+    """A message with no body and nowhere to read it from: a coordinator bug, written as a
+    dead letter rather than stopping the coordinator."""
+    return message.body is None and body_at(message) is None
 
 
 def records_for(
@@ -126,17 +136,19 @@ def records_for(
         if isinstance(effect, (Release, RequestCheck, Discard)) and _body_missing(effect.message):
             kind = {Release: Kind.VISIBLE, RequestCheck: Kind.CHECK}.get(type(effect), "discard")
             yield Emit(Kind.DEAD_LETTER, _body_lost(
-                effect.message, kind, "was not read back (a coordinator defect: please report)",
+                effect.message, kind, "is nowhere to be read (a coordinator defect: please report)",
                 topics, limit), None, None, not_before)
         elif isinstance(effect, Release):
             lag = now - effect.committed_at if effect.committed_at is not None else None
-            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before)
+            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before,
+                       body_at(effect.message))
         elif isinstance(effect, RequestCheck):
             record = encode_check(effect.message, effect.check_times, topics, effect.valid_until)
-            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before)
+            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before,
+                       body_at(effect.message))
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
-            yield Emit(Kind.DISCARD, record, None, None, not_before)
+            yield Emit(Kind.DISCARD, record, None, None, not_before, body_at(effect.message))
         elif isinstance(effect, BodyLost):
             yield Emit(Kind.DEAD_LETTER, _body_lost(effect.message, effect.instead_of,
                                                     effect.reason, topics, limit),
@@ -187,6 +199,7 @@ def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
             emit.kind, record.topic, record.key, record.value, headers, emit.lag_ms,
             *(counts.get(event) for event in HISTORY_COUNTED),
             rid, batch_ms, emit.not_before_ms,
+            *(emit.body_at or (None, None)),
         ))
     return rows
 

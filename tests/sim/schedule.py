@@ -24,12 +24,14 @@ from sources.kafka_io import SourceOptions
 from state.keys import KeyLayout
 from state.policy import Policy
 from streaming.engine.operator import coordinator_function
+from txstream.errors import TxStreamError
 from txstream.message import Decision, EndEvent
 from txstream.wire import encode_end
 
 from sim.actors import Consumer, Producers, TxPlan
 from sim.oracle import (
     Observer,
+    Violation,
     check_end,
     check_metrics,
     check_requests_answered,
@@ -178,7 +180,7 @@ class Simulation:
             max_offsets_per_trigger=sc.max_offsets, timer_file=str(workdir / "timers.json"),
             journal_topic=topics.history, fail_on_data_loss=not fresh_ok)
         sink = SinkOptions(kafka=self.world.settings, timer_file=str(workdir / "timers.json"),
-                           dead_letter_topic=topics.dead_letter)
+                           dead_letter_topic=topics.dead_letter, half_topic=topics.half)
         self.spark = SparkModel(
             source=source, sink=sink,
             function_of=lambda: coordinator_function(sc.policy, topics, self.world.settings),
@@ -195,6 +197,8 @@ class Simulation:
         self.quiet_since = T0
         self.pending_crash: tuple[str, int] | None = None
         self.fresh_at: list[int] = []
+        self.failed_batch: int | None = None
+        self.failures = 0
         self.away_spans: list[tuple[str, int, int]] = []
 
     # --- faults ------------------------------------------------------------------------------
@@ -262,6 +266,11 @@ class Simulation:
             self.pending_crash = None
             self.spark.restart()
             return
+        except TxStreamError as exc:
+            # The batch failed (the query stops; whoever runs it starts it again): fine once,
+            # but no record may stop the coordinator for good.
+            self._failed(exc)
+            return
         finally:
             self.world.broker.on_append = None
         if report is None:
@@ -275,6 +284,16 @@ class Simulation:
         self.summaries.extend(report.timers)
         check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy,
                    self.fresh_at)
+
+    def _failed(self, exc: Exception) -> None:
+        batch = 0 if self.spark.committed is None else self.spark.committed + 1
+        self.failures = self.failures + 1 if batch == self.failed_batch else 1
+        self.failed_batch = batch
+        if self.failures >= 3:
+            raise Violation(f"batch {batch} failed {self.failures} times in a row: "
+                            f"{type(exc).__name__}: {exc}")
+        self.report.faults["failed batch"] += 1
+        self.spark.restart()
 
     def _tick(self) -> None:
         world = self.world
@@ -297,9 +316,11 @@ class Simulation:
         self.producers.away.clear()
         self.down_until = 0
         settle_until = world.now + self._settling_time()
-        while world.now < settle_until and not self._all_ended():
+        ticks = 0
+        while world.now < settle_until and (ticks % 5 or not self._all_ended()):
             self._tick()
-        for _ in range(20):  # what is still in flight: answers, the consumer's reads
+            ticks += 1
+        for _ in range(10):  # what is still in flight: answers, the consumer's reads
             self._tick()
         seen = self.observer.update()
         check_end(world, self.producers.ledger, seen, self.consumer.delivered, sc.policy,
