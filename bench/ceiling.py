@@ -71,7 +71,7 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
             rid = record_id(tag, int(key[0]), now, number)
             headers = h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, rid.encode())))
             rows.append(OutputRow(Kind.VISIBLE, real_topic, k, body, headers, None,
-                                  *_NO_HISTORY, rid, now, None))
+                                  *_NO_HISTORY, rid, now, None, None, None))
         yield output_frame(rows)
 
     return forward

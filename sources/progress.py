@@ -49,11 +49,6 @@ class ProgressClock:
         else:  # the same ends seen again: the newer time proves more
             self._seen[-1] = (max(self._seen[-1][0], vouched), self._seen[-1][1])
 
-    def forget(self) -> None:
-        """The planner restarted or its consumer was rebuilt: what was seen proves nothing
-        about the offsets a new plan starts from (kept: the times stay true)."""
-        self._last_start = None
-
     def progress(self, planned: Ends, previous: int) -> int:
         """The progress time of a batch that reads every end partition up to ``planned``:
         the latest observation it covers, never below ``previous``."""

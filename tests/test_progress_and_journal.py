@@ -1,0 +1,83 @@
+"""The source's progress time and its recovery from the history topic, rule by rule (pure)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from sources.journal import OUTCOME_OF, Journal, outcome_rows
+from sources.progress import ProgressClock
+from state.keys import KeyLayout, state_key
+from txstream.outputs import encode_history
+from txstream.schema import EventKind
+from txstream.topics import Topics
+
+E0, E1 = ("end", 0), ("end", 1)
+
+
+def test_an_end_offset_is_vouched_for_as_of_the_planning_before() -> None:
+    clock = ProgressClock()
+    clock.observed(1000, {E0: 5, E1: 3})  # the first planning: a new consumer, its own time
+    assert clock.progress({E0: 5, E1: 3}, 0) == 1000
+    clock.observed(2000, {E0: 9, E1: 3})  # may be a fetch answered during the one at 1000
+    assert clock.progress({E0: 9, E1: 3}, 0) == 1000
+    clock.observed(3000, {E0: 9, E1: 4})
+    assert clock.progress({E0: 9, E1: 4}, 0) == 2000
+
+
+def test_a_batch_proves_only_what_it_reads_on_every_end_partition() -> None:
+    clock = ProgressClock()
+    clock.observed(1000, {E0: 5, E1: 3})
+    clock.observed(2000, {E0: 8, E1: 6})
+    clock.observed(3000, {E0: 8, E1: 6})
+    assert clock.progress({E0: 5, E1: 2}, 0) == 0  # E1 behind the first observation
+    assert clock.progress({E0: 7, E1: 6}, 0) == 1000  # a backlog read part of the way
+    assert clock.progress({E0: 8, E1: 6}, 0) == 2000
+    assert clock.progress({E0: 5, E1: 3}, 1500) == 1500  # never back
+
+
+def test_what_a_planned_batch_proves_is_kept_no_longer() -> None:
+    clock = ProgressClock()
+    clock.observed(1000, {E0: 5})
+    clock.observed(2000, {E0: 9})
+    clock.planned(clock.progress({E0: 5}, 0))
+    assert clock.progress({E0: 9}, 1000) == 1000  # the next observation: vouched at 1000
+    clock.observed(3000, {E0: 9})
+    assert clock.progress({E0: 9}, 1000) == 2000
+
+
+def test_a_recovery_reads_the_history_topic_to_where_it_ended_then_is_done() -> None:
+    assert Journal.starting({0: 0, 1: 0}) is None  # nothing decided: nothing to read back
+    journal = Journal.starting({0: 10, 1: 3, 2: 0})
+    assert journal is not None and journal.to == {0: 10, 1: 3} and not journal.done
+    step = journal.step(4)
+    assert step.at == {0: 2, 1: 2} and list(step.ranges(journal)) == [(0, 0, 2), (1, 0, 2)]
+    step = step.step(4).step(4)
+    assert step.at == {0: 8, 1: 3}
+    step = step.step(None)
+    assert step.done and step.at == {0: 10, 1: 3}
+    assert Journal.of(step.entry()).__dict__ == step.__dict__  # as the offset keeps it
+
+
+class _Rec(NamedTuple):
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    offset: int
+
+
+def test_the_outcomes_of_the_history_become_rows_for_their_transactions() -> None:
+    layout, topics = KeyLayout(), Topics()
+    lines = [("tx-a", 1, "half", {}), ("tx-a", 2, "released", {}),
+             ("tx-b", 3, "rolled_back", {}), ("tx-c", 4, "discarded", {}),
+             ("tx-d", 5, "release_lost", {}), ("tx-e", 6, "expired", {})]
+    [(record, _)] = encode_history(lines, b"7", topics)
+    records: list[Any] = [_Rec(record.key, record.value, 0, 11),
+                          _Rec(b"x", b"not history", 0, 12)]
+    rows = list(outcome_rows(records, layout))
+    assert [(bytes(r.key).decode(), bytes(r.value).decode()) for r in rows] == [
+        ("tx-a", "COMMITTED"), ("tx-b", "ROLLED_BACK"), ("tx-c", "DISCARDED"),
+        ("tx-d", "COMMITTED")]
+    assert {r.kind for r in rows} == {EventKind.OUTCOME}
+    assert [r.state_key for r in rows] == [state_key(t, layout) for t in "abcd" for t in
+                                           [f"tx-{t}"]]
+    assert set(OUTCOME_OF.values()) == {"COMMITTED", "ROLLED_BACK", "DISCARDED"}
