@@ -37,7 +37,7 @@ from txstream.wire import H
 from sim.actors import Ledger
 
 __all__ = ["Violation", "Observed", "Observer", "observe", "check_step", "check_end",
-           "check_metrics", "check_dead_letters"]
+           "check_metrics", "check_dead_letters", "check_requests_answered", "unknowable"]
 
 COMMIT = Decision.COMMIT_MESSAGE
 _ENDINGS = ("released", "rolled_back", "discarded", "release_lost")
@@ -308,6 +308,14 @@ def check_dead_letters(world: Any, seen: Observed) -> None:
                   f"dead letter of {topic}/{partition}@{offset} is not the record as read")
 
 
+def unknowable(world: Any, truth: Any, seen: Observed, fresh_at: list[int]) -> bool:
+    """Whether nothing can know of the transaction any more: its half message is gone from
+    the half topic, and no state holds it (never registered, or its state lost with a new
+    checkpoint)."""
+    return _half_gone(world, truth) and (
+        seen.seen_at(truth.txid) is None or any(t > truth.halves[0][0] for t in fresh_at))
+
+
 def _half_gone(world: Any, truth: Any) -> bool:
     """Whether none of the transaction's half records is in the half topic any more."""
     for _, partition, offset in truth.halves:
@@ -331,9 +339,8 @@ def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, i
         first = _lives(seen.notes.get(txid, []), policy, fresh_at)[0]
         endings = [n for n in first if n.get("event") in _ENDINGS]
         ended = endings[-1] if endings else None
-        if ended is None and _half_gone(world, truth) and (
-                seen.seen_at(txid) is None or any(t > truth.halves[0][0] for t in fresh_at)):
-            continue  # its half message is gone, and no state holds it: nothing knows of it
+        if ended is None and unknowable(world, truth, seen, fresh_at):
+            continue
         if ended is None:
             _fail(3, txid, "never ended (no release, rollback, discard or lost release)")
         assert ended is not None

@@ -36,6 +36,7 @@ from sim.oracle import (
     check_metrics,
     check_requests_answered,
     check_step,
+    unknowable,
 )
 from sim.spark import SimCrash, SparkModel
 from sim.world import T0, World
@@ -134,7 +135,7 @@ def _faults(rng: random.Random, traffic_ms: int, policy: Policy, groups: list[st
                                  policy.reserved_time + 3000))
             faults.append(Fault(at, kind, length, rng.choice(groups)))
         elif kind == "flood":
-            faults.append(Fault(at, kind, arg=rng.choice((40, 120, 300))))
+            faults.append(Fault(at, kind, arg=rng.choice((30, 80, 150))))
         else:
             faults.append(Fault(at, kind))
     return sorted(faults, key=lambda f: f.at)
@@ -355,6 +356,7 @@ class Simulation:
     def _all_ended(self) -> bool:
         seen = self.observer.update()
         return all(seen.ended(txid) is not None
+                   or unknowable(self.world, truth, seen, self.fresh_at)
                    for txid, truth in self.producers.ledger.tx.items() if truth.halves)
 
 
