@@ -24,17 +24,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from state.effects import Effect
-from state.lifecycle import (
-    Event,
-    Status,
-    Transaction,
-    apply,
-    on_timeout,
-    sends_check,
-    waits_for_ends,
-)
+from state.lifecycle import apply, on_timeout
 from state.outcomes import Outcomes
 from state.policy import Policy
+from state.timing import sends_check, waits_for_ends
+from state.transaction import Event, Status, Transaction
 from txstream.message import Decision, EndEvent, Message, RawRecord
 
 __all__ = ["Bucket", "FORMAT_VERSION"]
@@ -140,10 +134,10 @@ class Bucket:
         """Run every timer due by ``now``, and every check due by ``now + lead``, in deadline
         order, each as of ``max(now, deadline)``: returns that time with each timer's effects,
         which must not take effect before it (``Policy.timer_lead``). A timer that would
-        decide an outcome runs only once due (:func:`state.lifecycle.sends_check`). A timer
+        decide an outcome runs only once due (:func:`state.timing.sends_check`). A timer
         that sets another one within the window runs that one too, in its turn.
         ``ends_read``: how far the end topic has been read (default ``now``): a discard for
-        age waits until it passes the reserved deadline (:func:`state.lifecycle.waits_for_ends`)."""
+        age waits until it passes the reserved deadline (:func:`state.timing.waits_for_ends`)."""
         fired: list[tuple[int, list[Effect]]] = []
         self.outcomes.forget_expired(now)
         horizon = now + lead

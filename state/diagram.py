@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from state.lifecycle import MAY_REACH, TRANSITIONS, Status
+from state.lifecycle import MAY_REACH, TRANSITIONS
+from state.transaction import Status
 
 __all__ = ["state_diagram", "embed", "BEGIN", "END"]
 

@@ -17,7 +17,7 @@ Every move is listed in :data:`TRANSITIONS`; ``apply`` refuses anything not list
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import Enum
 
 from state.effects import (
@@ -31,57 +31,22 @@ from state.effects import (
     RequestCheck,
 )
 from state.policy import Policy
-from state.timing import anchor, check_spacing, first_check, pending_deadline
+from state.timing import (
+    check_spacing,
+    discard_due,
+    first_check,
+    latest_visible_check,
+    pending_deadline,
+    registered_at,
+    reserved_deadline,
+    waits_for_ends,
+)
+from state.transaction import BodyGone, Event, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
 from txstream.refusals import Code
 
-__all__ = [
-    "Status",
-    "Trigger",
-    "Action",
-    "TRANSITIONS",
-    "MAY_REACH",
-    "Transaction",
-    "Event",
-    "BodyGone",
-    "apply",
-    "on_timeout",
-    "trigger_of",
-    "sends_check",
-    "waits_for_ends",
-    "discard_due",
-    "reserved_deadline",
-    "latest_visible_check",
-]
+__all__ = ["Trigger", "Action", "TRANSITIONS", "MAY_REACH", "apply", "on_timeout", "trigger_of"]
 
-
-
-@dataclass(frozen=True, slots=True)
-class BodyGone:
-    """An observation, not a record: the body of the transaction's held half message can no
-    longer be read from the half topic (``reason`` says why). The operator finds it out when
-    it reads the body back to release, check or discard the message."""
-
-    transaction_id: str
-    reason: str
-
-
-Event = Message | EndEvent | BodyGone
-
-
-class Status(str, Enum):
-    EARLY_END = "EARLY_END"  # an end event came before its half message; it is held
-    PENDING = "PENDING"  # the half message is stored, the outcome is not known yet
-    COMMITTED = "COMMITTED"  # released to its real topic (remembered for duplicates)
-    ROLLED_BACK = "ROLLED_BACK"  # dropped (remembered for duplicates)
-    DISCARDED = "DISCARDED"  # given up: on the discard topic (remembered for duplicates)
-    # Committed, but its half message's body was gone: nothing released, a dead letter says
-    # so; the half message sent again (the same transaction id) is released.
-    LOST = "LOST"
-
-    @property
-    def resolved(self) -> bool:
-        return self in (Status.COMMITTED, Status.ROLLED_BACK, Status.DISCARDED, Status.LOST)
 
 
 class Trigger(str, Enum):
@@ -161,47 +126,6 @@ MAY_REACH: dict[Action, frozenset[Status | None]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Transaction:
-    """What the coordinator knows of one transaction.
-
-    ``deadline`` is when :func:`on_timeout` must next run: the next check (or the reserved-time
-    limit) while pending, the end of the wait for held end events, or when a resolved
-    transaction is forgotten. ``checks_answered`` counts the checks a producer answered, one per
-    check interval at most: an answer counts only when it answers the latest check sent
-    (``last_answered`` is that check's number), so a returning producer that answers a backlog
-    of stale checks gets one counted, not the backlog.
-
-    ``held``: end events that came before the half message, in the order their decisions came,
-    at most one per sender (a producer group, or the admins). Until the half message names the
-    owning group nobody knows whose decision counts, so an end event from a wrong group must
-    not displace or contradict the owner's.
-
-    ``seen_at``: when the coordinator registered the half message, on its own clock: the
-    reserved time counts from it. ``check_due``: when the latest check sent was due; until
-    then its request is held back, and the one before it is still the latest a producer can
-    see (an answer to it counts). ``body_gone``: why the held half message's body can no longer
-    be read (:class:`BodyGone`).
-    """
-
-    transaction_id: str
-    status: Status
-    deadline: int
-    producer_group: str | None = None
-    half: Message | None = None
-    held: tuple[EndEvent, ...] = ()
-    checks_sent: int = 0
-    checks_answered: int = 0
-    next_check: int | None = None
-    last_answered: int = 0
-    # Resolved: until when its outcome is remembered once it leaves the state
-    # (``state.outcomes``): the reserved time after it was resolved.
-    remember_until: int | None = None
-    seen_at: int | None = None
-    check_due: int | None = None
-    body_gone: str | None = None
-
-
 _Result = tuple[Transaction | None, list[Effect]]
 
 
@@ -226,20 +150,6 @@ def _txid(event: Event) -> str:
 
 def _note(txid: str, event: str, now: int, **detail: object) -> Note:
     return Note(txid, event, now, detail)
-
-
-def _seen(tx: Transaction, policy: Policy) -> int:
-    """When the coordinator registered the half message. A transaction saved before that was
-    recorded (state format 5 and older) counts from its born time, as it did then."""
-    if tx.seen_at is not None:
-        return tx.seen_at
-    assert tx.half is not None
-    return anchor(tx.half, tx.deadline, policy)
-
-
-def reserved_deadline(tx: Transaction, policy: Policy) -> int:
-    """When a pending transaction has outlived the reserved time, on the coordinator's clock."""
-    return _seen(tx, policy) + policy.reserved_time
 
 
 def _resolved(tx: Transaction, status: Status, now: int, policy: Policy) -> Transaction:
@@ -298,38 +208,6 @@ def apply(
     if (new.status if new else None) not in expected:  # pragma: no cover - a bug, not input
         raise AssertionError(f"{action} led {status}->{new and new.status}, not {expected}")
     return new, effects
-
-
-def sends_check(tx: Transaction, at: int, policy: Policy) -> bool:
-    """Whether the transaction's timer, run at ``at``, would only send a check: the one kind
-    of timer that may run ahead of its deadline (``Policy.timer_lead``). One that decides an
-    outcome (a discard, an end event's expiry) runs only once due, so that an end event that
-    comes before it wins."""
-    if tx.status is not Status.PENDING or tx.half is None or tx.body_gone is not None:
-        return False
-    return (max(at, tx.deadline) < reserved_deadline(tx, policy)
-            and tx.checks_answered < policy.check_max)
-
-
-def discard_due(tx: Transaction, now: int, policy: Policy) -> int | None:
-    """When the discard that the pending transaction's timer makes at ``now`` became due (its
-    reserved deadline, or the check after the last one it may have), or None: it checks."""
-    reserved = reserved_deadline(tx, policy)
-    if now >= reserved:
-        return reserved
-    if tx.body_gone is not None or tx.checks_answered >= policy.check_max:
-        return tx.deadline
-    return None
-
-
-def waits_for_ends(tx: Transaction, now: int, policy: Policy, ends_read: int) -> bool:
-    """Whether the transaction's timer would discard it but must wait: the end topic has not
-    been read up to when the discard became due, so a commit written before then may still be
-    unread (and must win)."""
-    if tx.status is not Status.PENDING or now < tx.deadline:
-        return False
-    due = discard_due(tx, now, policy)
-    return due is not None and ends_read < due
 
 
 def on_timeout(tx: Transaction, now: int, policy: Policy, ends_read: int | None = None
@@ -472,15 +350,6 @@ def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
     ]
 
 
-def latest_visible_check(tx: Transaction, now: int) -> int:
-    """The number of the latest check a producer can have seen at ``now``: a check made ahead
-    of its deadline (``Policy.timer_lead``) is held back until then, and the one before it is
-    still the latest request (its ``CHECK_VALID_UNTIL`` is that deadline)."""
-    if tx.check_due is not None and now < tx.check_due:
-        return tx.checks_sent - 1
-    return tx.checks_sent
-
-
 def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and isinstance(end, EndEvent)
     new = tx
@@ -527,7 +396,7 @@ def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
         tx,
         checks_sent=number,
         next_check=next_check,
-        deadline=pending_deadline(_seen(tx, policy), next_check, policy),
+        deadline=pending_deadline(registered_at(tx, policy), next_check, policy),
         check_due=now,
     )
     late = now - tx.next_check

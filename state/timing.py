@@ -1,4 +1,4 @@
-"""When a pending transaction's timers are due.
+"""When a pending transaction's timers are due, and what its timer may do then.
 
 The first back-check counts from the producer's born time, as RocketMQ's does, while it is
 within ``Policy.max_clock_skew`` of when the broker stored the half message (its record
@@ -12,9 +12,21 @@ Pure: every time is given.
 from __future__ import annotations
 
 from state.policy import Policy
+from state.transaction import Status, Transaction
 from txstream.message import Message
 
-__all__ = ["anchor", "first_check", "check_spacing", "pending_deadline"]
+__all__ = [
+    "anchor",
+    "first_check",
+    "check_spacing",
+    "pending_deadline",
+    "registered_at",
+    "reserved_deadline",
+    "sends_check",
+    "discard_due",
+    "waits_for_ends",
+    "latest_visible_check",
+]
 
 
 def anchor(half: Message, fallback: int, policy: Policy) -> int:
@@ -54,3 +66,58 @@ def pending_deadline(seen_at: int, next_check: int, policy: Policy) -> int:
     """The next timer of a pending transaction registered at ``seen_at``: its next check, or
     its reserved time if that comes first."""
     return min(next_check, seen_at + policy.reserved_time)
+
+
+def registered_at(tx: Transaction, policy: Policy) -> int:
+    """When the coordinator registered the half message. A transaction saved before that was
+    recorded (state format 5 and older) counts from its born time, as it did then."""
+    if tx.seen_at is not None:
+        return tx.seen_at
+    assert tx.half is not None
+    return anchor(tx.half, tx.deadline, policy)
+
+
+def reserved_deadline(tx: Transaction, policy: Policy) -> int:
+    """When a pending transaction has outlived the reserved time, on the coordinator's clock."""
+    return registered_at(tx, policy) + policy.reserved_time
+
+
+def sends_check(tx: Transaction, at: int, policy: Policy) -> bool:
+    """Whether the transaction's timer, run at ``at``, would only send a check: the one kind
+    of timer that may run ahead of its deadline (``Policy.timer_lead``). One that decides an
+    outcome (a discard, an end event's expiry) runs only once due, so that an end event that
+    comes before it wins."""
+    if tx.status is not Status.PENDING or tx.half is None or tx.body_gone is not None:
+        return False
+    return (max(at, tx.deadline) < reserved_deadline(tx, policy)
+            and tx.checks_answered < policy.check_max)
+
+
+def discard_due(tx: Transaction, now: int, policy: Policy) -> int | None:
+    """When the discard that the pending transaction's timer makes at ``now`` became due (its
+    reserved deadline, or the check after the last one it may have), or None: it checks."""
+    reserved = reserved_deadline(tx, policy)
+    if now >= reserved:
+        return reserved
+    if tx.body_gone is not None or tx.checks_answered >= policy.check_max:
+        return tx.deadline
+    return None
+
+
+def waits_for_ends(tx: Transaction, now: int, policy: Policy, ends_read: int) -> bool:
+    """Whether the transaction's timer would discard it but must wait: the end topic has not
+    been read up to when the discard became due, so a commit written before then may still be
+    unread (and must win)."""
+    if tx.status is not Status.PENDING or now < tx.deadline:
+        return False
+    due = discard_due(tx, now, policy)
+    return due is not None and ends_read < due
+
+
+def latest_visible_check(tx: Transaction, now: int) -> int:
+    """The number of the latest check a producer can have seen at ``now``: a check made ahead
+    of its deadline (``Policy.timer_lead``) is held back until then, and the one before it is
+    still the latest request (its ``CHECK_VALID_UNTIL`` is that deadline)."""
+    if tx.check_due is not None and now < tx.check_due:
+        return tx.checks_sent - 1
+    return tx.checks_sent

@@ -9,8 +9,8 @@ import pytest
 
 from state.bucket import FORMAT_VERSION, Bucket
 from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import BodyGone, Status, Transaction
 from state.policy import Policy
+from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
 from txstream.topics import Topics
 from txstream.wire import decode_half, encode_half

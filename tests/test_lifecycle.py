@@ -7,18 +7,9 @@ import dataclasses
 import pytest
 
 from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import (
-    TRANSITIONS,
-    Action,
-    BodyGone,
-    Status,
-    Transaction,
-    Trigger,
-    apply,
-    on_timeout,
-    trigger_of,
-)
+from state.lifecycle import TRANSITIONS, Action, Trigger, apply, on_timeout, trigger_of
 from state.policy import HOUR, SECOND, Policy
+from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
 
 from tx_helpers import (

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from state.effects import DeadLetter, Note, Release
-from state.lifecycle import Status, apply, on_timeout
+from state.lifecycle import apply, on_timeout
+from state.transaction import Status
 from txstream.message import Decision, EndEvent
 
 from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, P, end, half, kinds, only, reach, registered

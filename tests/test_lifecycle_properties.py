@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from state.bucket import Bucket
 from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
-from state.lifecycle import Status, Transaction, on_timeout
+from state.lifecycle import on_timeout
 from state.policy import Policy
+from state.transaction import Status, Transaction
 from txstream.message import Decision, EndEvent, Message
 
 T0 = 1_000_000

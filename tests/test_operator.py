@@ -19,8 +19,8 @@ from pyspark.sql.types import BinaryType, Row, StructField, StructType
 from sources.event_rows import record_row, unreadable_row
 from state.bucket import Bucket
 from state.keys import KeyLayout, state_key
-from state.lifecycle import Status
 from state.policy import Policy
+from state.transaction import Status
 from streaming.engine.operator import coordinator_function
 from streaming.engine.records import coordinator_tag
 from txstream.kafka import KafkaSettings

@@ -11,8 +11,9 @@ import pytest
 
 from state.bucket import Bucket
 from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import Status, apply
+from state.lifecycle import apply
 from state.policy import Policy
+from state.transaction import Status
 
 from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, answer, end, half, kinds, only
 

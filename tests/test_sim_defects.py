@@ -22,10 +22,12 @@ import sources.bodies as bodies
 import sources.journal as journal
 import state.bucket as bucket
 import state.lifecycle as lifecycle
+import state.timing as timing
 import txstream.kafka.reading as reading
 from state.effects import Release
-from state.lifecycle import Action, Status
+from state.lifecycle import Action
 from state.timing import anchor
+from state.transaction import Status
 
 from sim.actors import COMMIT, Producers
 from sim.oracle import Violation
@@ -53,7 +55,11 @@ def _no_recovery(mp: pytest.MonkeyPatch) -> None:
 
 def _age_from_born_time(mp: pytest.MonkeyPatch) -> None:
     """3: the reserved time counted from the producer's born time (or a record timestamp)."""
-    mp.setattr(lifecycle, "_seen", lambda tx, policy: anchor(tx.half, tx.deadline, policy))
+    def born(tx: Any, policy: Any) -> int:
+        return anchor(tx.half, tx.deadline, policy)
+
+    mp.setattr(timing, "registered_at", born)
+    mp.setattr(lifecycle, "registered_at", born)
 
 
 def _discard_before_ends_read(mp: pytest.MonkeyPatch) -> None:
@@ -85,7 +91,7 @@ def _outcome_until_born_plus_reserved(mp: pytest.MonkeyPatch) -> None:
 
     def old(tx: Any, status: Status, now: int, policy: Any) -> Any:
         new = resolved(tx, status, now, policy)
-        until = (lifecycle._seen(tx, policy) + policy.reserved_time
+        until = (timing.registered_at(tx, policy) + policy.reserved_time
                  if tx.half is not None else None)
         return dataclasses.replace(new, remember_until=until)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from state.lifecycle import BodyGone, Status, Transaction, apply, on_timeout
+from state.lifecycle import apply, on_timeout
 from state.policy import Policy
+from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
 
 __all__ = [

@@ -29,7 +29,7 @@ from state.effects import (
     Release,
     RequestCheck,
 )
-from state.lifecycle import Transaction
+from state.transaction import Transaction
 from txstream.message import Decision, EndEvent, Message
 from txstream.refusals import Code
 

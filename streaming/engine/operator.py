@@ -27,8 +27,8 @@ from sources.bodies import BodySource, gone_bodies
 from sources.events import Malformed, parse_event
 from state.bucket import Bucket
 from state.effects import Note
-from state.lifecycle import BodyGone, Event
 from state.policy import Policy
+from state.transaction import BodyGone, Event
 from streaming.engine.key_metrics import Counted, KeyTally
 from streaming.engine.records import (
     Emit,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.bucket import Bucket
-from state.lifecycle import Transaction
+from state.transaction import Transaction
 
 __all__ = ["PendingRow", "read_pending", "read_key_summaries"]
 
