@@ -175,6 +175,26 @@ def test_txstreams_readers_read_the_same_records(world: World) -> None:
     assert [(r.partition, r.offset) for r in later] == [(0, counts[0] - 1)]
 
 
+def test_an_end_comes_from_a_fetch_sent_after_it_was_asked_for(world: World) -> None:
+    """A kept consumer holds the answer of a fetch it sent ahead; its high watermark is
+    that of its time, and must not pass for the end now."""
+    topic = world.create("t", 2)
+    probe = make_consumer(world.settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
+    tps = [TopicPartition(topic, p) for p in (0, 1)]
+    assert fetch_ends(probe, tps, {}, 10.0) == {(topic, 0): 0, (topic, 1): 0}
+    if world.memory is not None:  # the fetch sent ahead stays out, and answers as of then
+        world.memory.in_flight_probability, world.memory.stale_fetch_probability = 1.0, 1.0
+    for _ in range(3):
+        probe.poll(timeout_ms=0)  # a fetch goes out ahead; its answer waits in the consumer
+    time.sleep(0.2)
+    if world.memory is not None:
+        world.memory.in_flight_probability = 0.0
+    sent = _produce(world.settings, topic)
+    counts = {(topic, p): sum(m.partition == p for m in sent) for p in (0, 1)}
+    assert fetch_ends(probe, tps, {}, 10.0) == counts
+    probe.close()
+
+
 def test_the_provisioning_admin_calls(world: World) -> None:
     half, end = world.topic("half"), world.topic("end")
     specs = [topic_spec("half", half), topic_spec("end", end, partitions=3)]

@@ -178,6 +178,14 @@ class MemoryConsumer:
     def highwater(self, partition: Any) -> int | None:
         return self._state(partition).highwater
 
+    def forget_fetched(self) -> None:
+        """What :func:`txstream.kafka.reading.fetch_ends` does to kafka-python's fetcher: the
+        fetch in flight comes back and, with every answer held, is dropped."""
+        self._in_flight = None
+        self._answers.clear()
+        self._buffered = None
+        self._parked.clear()
+
     def pause(self, *partitions: Any) -> None:
         for tp in partitions:
             self._state(tp).paused = True
