@@ -34,7 +34,7 @@ RUN useradd --create-home --uid 10001 txstream \
  && chown -R txstream /data
 USER txstream
 # Built now, into the user's cache, so the first start does not wait for javac.
-RUN python -c "from streaming.engine.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
+RUN python -c "from txstream.streaming.engine.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
 WORKDIR /data
 # `txstream run` and `txstream pending` without --checkpoint-dir: on the volume.
 ENV TXSTREAM_CHECKPOINT_DIR=/data/checkpoints/coordinator

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from streaming.engine.progress import JsonProgressListener
+from txstream.streaming.engine.progress import JsonProgressListener
 
 __all__ = ["Batch", "BatchLog", "percentile", "parts_p50"]
 

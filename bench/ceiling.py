@@ -30,17 +30,17 @@ from bench.coordinator_phases import (
 )
 from bench.harness import Harness
 from bench.workload import Workload
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
-from streaming.engine.operator import in_replay_order
-from streaming.engine.query import (
+from txstream.schema import EventKind, Kind, OutputRow
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.operator import in_replay_order
+from txstream.streaming.engine.query import (
     event_stream,
     prepare_checkpoint,
     record_writer,
     stateful_outputs,
 )
-from streaming.engine.records import coordinator_tag, output_frame, record_id
-from txstream.schema import EventKind, Kind, OutputRow
+from txstream.streaming.engine.records import coordinator_tag, output_frame, record_id
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 

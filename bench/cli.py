@@ -14,8 +14,8 @@ import logging
 from typing import Any
 
 from bench.report import PHASES
-from streaming.cli.options import add_run_arguments, config_from_args
-from streaming.cli.signals import interrupt_on_signals
+from txstream.streaming.cli.options import add_run_arguments, config_from_args
+from txstream.streaming.cli.signals import interrupt_on_signals
 
 __all__ = ["add_parser", "bench_command"]
 

@@ -28,8 +28,8 @@ from bench.coordinator_phases import ThroughputResult, measure_throughput
 from bench.cpu import CpuMeter
 from bench.harness import Harness
 from bench.workload import Workload
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
 
 __all__ = ["ORDER", "WARM_UP_TRANSACTIONS", "Run", "throughput_run", "compare"]
 

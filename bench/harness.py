@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 from bench.batches import Batch, BatchLog
 from bench.procmem import live_heap_mb, spark_jvm_pid, tree_cpu_s, tree_rss_mb
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator, session_for
 from txstream.errors import TxStreamError
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator, session_for
 
 __all__ = ["Harness", "BenchFailed", "logged_session"]
 

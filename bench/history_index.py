@@ -28,13 +28,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.workload import BulkProducer
-from console import Index, IndexFeed
-from streaming.cli import main as txstream
 from txstream.broker import EmbeddedBroker
+from txstream.console import Index, IndexFeed
 from txstream.kafka import KafkaSettings
 from txstream.message import Message
 from txstream.outputs import Note, encode_discard, encode_history
 from txstream.refusals import Code
+from txstream.streaming.cli import main as txstream
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half, utf8
 
@@ -118,7 +118,7 @@ def _history(argv: list[str]) -> tuple[float, str]:
 
 def _process(argv: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "streaming.cli", "history", *argv], check=True,
+    subprocess.run([sys.executable, "-m", "txstream.streaming.cli", "history", *argv], check=True,
                    capture_output=True, timeout=300)
     return time.perf_counter() - started
 

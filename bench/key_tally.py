@@ -17,11 +17,11 @@ import json
 import time
 import uuid
 
-from state.bucket import Bucket
-from state.policy import Policy
-from streaming.engine.key_metrics import KeyTally
-from streaming.engine.records import records_for
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.bucket import Bucket
+from txstream.state.policy import Policy
+from txstream.streaming.engine.key_metrics import KeyTally
+from txstream.streaming.engine.records import records_for
 from txstream.topics import Topics
 
 __all__ = ["measure"]

@@ -19,18 +19,18 @@ from typing import Any
 import pandas as pd
 
 from bench.workload import Workload
-from sources.event_rows import record_row
-from sources.events import parse_event
-from state.bucket import Bucket
-from state.effects import Note
-from state.keys import KeyLayout
-from state.policy import Policy
-from streaming.engine.key_metrics import KeyTally
-from streaming.engine.operator import coordinator_function
-from streaming.engine.records import history_rows, output_frame, output_rows, records_for
 from txstream.message import EndEvent, Message
 from txstream.outputs import encode_history, largest_output_bytes
 from txstream.schema import EventKind, EventRow
+from txstream.sources.event_rows import record_row
+from txstream.sources.events import parse_event
+from txstream.state.bucket import Bucket
+from txstream.state.effects import Note
+from txstream.state.keys import KeyLayout
+from txstream.state.policy import Policy
+from txstream.streaming.engine.key_metrics import KeyTally
+from txstream.streaming.engine.operator import coordinator_function
+from txstream.streaming.engine.records import history_rows, output_frame, output_rows, records_for
 from txstream.topics import Topics
 from txstream.wire import Record
 

@@ -15,9 +15,9 @@ import time
 import tracemalloc
 import uuid
 
-from state.bucket import Bucket
-from state.policy import Policy
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.bucket import Bucket
+from txstream.state.policy import Policy
 
 __all__ = ["measure"]
 

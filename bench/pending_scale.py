@@ -31,8 +31,8 @@ from bench.coordinator_phases import measure_latency
 from bench.cpu import cpu_times, steal_pct
 from bench.harness import Harness
 from bench.workload import BulkProducer, Workload, create_topics
-from streaming.engine.config import RunConfig
 from txstream.kafka import KafkaSettings
+from txstream.streaming.engine.config import RunConfig
 from txstream.topics import Topics
 
 __all__ = ["PointResult", "run_point", "run_point_isolated", "IMMUNITY_S"]
@@ -166,7 +166,7 @@ def _failed(pending: int, store: str, why: str) -> PointResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from state.policy import Policy
+    from txstream.state.policy import Policy
 
     parser = argparse.ArgumentParser(description="one point of txstream bench's pending curve")
     parser.add_argument("spec", help="JSON written by run_point_isolated")

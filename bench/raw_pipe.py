@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.kafka_sink import make_sink_producer
 from txstream.kafka import KafkaSettings, make_consumer
+from txstream.sinks.kafka_sink import make_sink_producer
 from txstream.topics import Topics
 from txstream.wire import H
 

@@ -23,9 +23,9 @@ from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import PipeResult, run_raw_pipe
 from bench.report import PHASES, load_average, machine, targets
 from bench.workload import BulkProducer, Workload, create_topics
-from streaming.engine.config import RunConfig
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, partition_ends, wait_for_broker
+from txstream.streaming.engine.config import RunConfig
 from txstream.topics import Topics
 
 __all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
@@ -277,7 +277,7 @@ def _fair(config: RunConfig, options: BenchOptions, result: dict[str, Any], mete
 def _stop_jvm() -> None:
     from pyspark.sql import SparkSession
 
-    from streaming.engine.session import stop_spark
+    from txstream.streaming.engine.session import stop_spark
 
     spark = SparkSession.getActiveSession()
     if spark is not None:

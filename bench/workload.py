@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from client.options import new_message_id
+from txstream.client.options import new_message_id
 from txstream.kafka import KafkaSettings, make_admin, make_consumer, make_producer
 from txstream.message import Decision, EndEvent, Message
 from txstream.topics import Topics

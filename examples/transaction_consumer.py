@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from client import ConsumeFromWhere, ConsumeStatus, Message, PushConsumer, TxStreamError
+from txstream.client import ConsumeFromWhere, ConsumeStatus, Message, PushConsumer, TxStreamError
 
 __all__ = ["run", "main"]
 

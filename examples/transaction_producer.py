@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from client import (
+from txstream.client import (
     BoundedExecutor,
     LocalTransactionState,
     Message,

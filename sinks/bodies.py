@@ -3,7 +3,7 @@
 A release, check request or discard of a half message held without its body comes to the sink
 with a null value and where the body lies (``OutputRow.body_partition``, ``body_offset``): big
 bodies never pass through the JVM. A task reads all the bodies its rows need at once
-(:class:`sources.bodies.BodySource`), and each record read serves every row that needs it.
+(:class:`txstream.sources.bodies.BodySource`), and each record read serves every row that needs it.
 
 The operator read each of them before deciding, and told the core of any that was gone
 (docs/decisions/0022-trusted-time.md). One that cannot be read back now was lost since,
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sources.bodies import OTHER_RECORD, BodySource
 from txstream.errors import SendFailed
 from txstream.kafka import Unreadable
 from txstream.schema import OutputRow
+from txstream.sources.bodies import OTHER_RECORD, BodySource
 from txstream.wire import H
 
 __all__ = ["needs_body", "with_bodies"]

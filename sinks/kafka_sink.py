@@ -12,11 +12,11 @@ commits neither the batch nor its state, and the batch is run again on restart. 
 makes "a back-check counts only when delivered" true.
 
 A row whose body lies in the half topic (a held half message's release, check or discard) gets
-it read back first, all of a task's at once (:mod:`sinks.bodies`).
+it read back first, all of a task's at once (:mod:`txstream.sinks.bodies`).
 
 A replayed batch writes nothing twice: its records carry the ids the operator gave them
 (``record_id``, equal in a replay), and a task that may be re-running a batch first reads
-what is already on its topics and leaves those records out (:mod:`sinks.replay`). Option
+what is already on its topics and leaves those records out (:mod:`txstream.sinks.replay`). Option
 ``replay_check=false`` turns that off (measurements only: a restart then duplicates).
 
 A row with ``not_before_ms`` (a timer's record made ahead of its deadline) is sent no earlier
@@ -44,15 +44,15 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from sinks.bodies import with_bodies
-from sinks.delivery import Delivery, Prepared, make_sink_producer
-from sinks.replay import replay_suspected, written_ids
-from sources.bodies import BodySource
 from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
+from txstream.sinks.bodies import with_bodies
+from txstream.sinks.delivery import Delivery, Prepared, make_sink_producer
+from txstream.sinks.replay import replay_suspected, written_ids
+from txstream.sources.bodies import BodySource
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
@@ -142,8 +142,8 @@ def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepare
     """The rows a crashed run of this batch did not write (all, when no row has an id).
 
     A record the broker refused went to the dead-letter topic under its own id
-    (:mod:`sinks.delivery`): its id is looked for there too, so a replay neither dead-letters
-    it twice nor writes it after all."""
+    (:mod:`txstream.sinks.delivery`): its id is looked for there too, so a replay neither
+    dead-letters it twice nor writes it after all."""
     wanted: dict[str, set[str]] = {}
     batch_ms: int | None = None
     for row, _ in rows:

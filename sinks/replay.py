@@ -3,9 +3,9 @@
 Spark replays a micro-batch whose commit it did not record (the driver was killed, a write
 failed) with the same input, the same state and the same batch time, so the operator emits the
 same records under the same ids (``record_id``, also the ``TXSTREAM_RECORD_ID`` header; see
-``streaming.engine.operator.record_id``). Kafka cannot take back what the first run wrote (tansu's
-transactions do not hide aborted records), so before writing a batch that may be a replay the
-sink reads the tail of every partition it is about to write to and leaves out the records
+``txstream.streaming.engine.operator.record_id``). Kafka cannot take back what the first run wrote
+(tansu's transactions do not hide aborted records), so before writing a batch that may be a replay
+the sink reads the tail of every partition it is about to write to and leaves out the records
 whose id is already there.
 
 Which batches may be replays, seen from a task (no driver round trip needed): the first batch

@@ -1,13 +1,13 @@
 """The bodies of held half messages, read back from the half topic by where they lie.
 
 A pending transaction's state keeps where its half message lies, not its body
-(``state.bucket``, docs/decisions/0021-bodies-read-back.md). Before the core decides anything in
-a call, the operator reads back the bodies of every held half message the call may write (the
-commits it reads, the checks and discards its timers may send), all of them at once, per half
+(``txstream.state.bucket``, docs/decisions/0021-bodies-read-back.md). Before the core decides
+anything in a call, the operator reads back the bodies of every held half message the call may write
+(the commits it reads, the checks and discards its timers may send), all of them at once, per half
 partition, the wanted offsets in a few ranges (offsets close together in one read), to learn
 which are gone (:func:`gone_bodies`): a body that is gone is told to the core as an event, so
 nothing claims a release it cannot make. The sink reads the bodies it writes once more
-(:mod:`sinks.bodies`), so that big bodies never pass through the JVM.
+(:mod:`txstream.sinks.bodies`), so that big bodies never pass through the JVM.
 
 The record read back must be the half message of the transaction (its key is the transaction
 id). One that is gone (the half topic's retention ran out before the transaction ended; its

@@ -2,8 +2,8 @@
 
 A row is the record as read (key, value, packed headers, where it lay) plus the state key its
 transaction lives under, so Spark can group it without looking inside. Decoding is the
-operator's (:mod:`sources.events`), once per record: decoded fields would cross the JVM twice
-more as columns, each converted per row.
+operator's (:mod:`txstream.sources.events`), once per record: decoded fields would cross the JVM
+twice more as columns, each converted per row.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout, state_key
 from txstream.schema import EVENT_COLUMNS, EventKind, EventRow
+from txstream.state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout, state_key
 from txstream.wire import pack_headers
 
 __all__ = ["route", "record_row", "unreadable_row", "outcome_row", "progress_row",
@@ -64,8 +64,8 @@ def outcome_row(transaction_id: str, status: str, partition: int, offset: int,
 
 
 def progress_row(ends_read_ms: int) -> EventRow:
-    """The batch's progress time (:mod:`sources.progress`), as the watermark column wants it
-    (microseconds)."""
+    """The batch's progress time (:mod:`txstream.sources.progress`), as the watermark column wants
+    it (microseconds)."""
     return EventRow(PROGRESS_KEY, EventKind.PROGRESS, -1, -1, None, None, None, None, None,
                     ends_read_ms * 1000)
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from sources.event_rows import outcome_row
-from state.keys import KeyLayout
 from txstream.errors import MalformedRecord
 from txstream.outputs import decode_history
 from txstream.schema import EventRow
+from txstream.sources.event_rows import outcome_row
+from txstream.state.keys import KeyLayout
 
 __all__ = ["JOURNAL", "OUTCOME_OF", "Journal", "outcome_rows"]
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from state.keys import KeyLayout
 from txstream.errors import ConfigError, ReadFailed
 from txstream.kafka import (
     PATIENT_FETCH_WAIT_MS,
@@ -28,6 +27,7 @@ from txstream.kafka import (
 )
 from txstream.kafka.reading import MAX_RECORDS_PER_POLL
 from txstream.options import parse_options
+from txstream.state.keys import KeyLayout
 from txstream.topics import END_TOPIC, HALF_TOPIC, validate_topic
 
 __all__ = [
@@ -114,7 +114,7 @@ class TopicSlice(InputPartition):
 @dataclass(frozen=True)
 class SliceGroup(InputPartition):
     """One Spark task reading several slices in turn; the first group of a batch also emits
-    the batch's progress row (``ends_read``, :mod:`sources.progress`).
+    the batch's progress row (``ends_read``, :mod:`txstream.sources.progress`).
 
     A task costs a fixed ~80 ms here however little it reads; one task per topic-partition
     (4 by default: 2 half, 2 end) ran in two waves on 2 cores, so slices are grouped into as

@@ -14,7 +14,8 @@ Options (strings, as Spark passes them):
 - ``half_topic`` / ``end_topic``: default RocketMQ's names; created with ``topic_partitions``
   partitions (default 2) if missing and the broker creates topics (txstream.kafka.provision).
 - ``max_offsets_per_trigger``: records per micro-batch, spread fairly over the partitions.
-- ``key_layout``: JSON of ``state.keys.KeyLayout.as_dict()``: how records map to state keys.
+- ``key_layout``: JSON of ``txstream.state.keys.KeyLayout.as_dict()``: how records map to state
+keys.
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
 - ``fail_on_data_loss`` (true): fail when a partition ends below the checkpoint (the broker lost
   records); false reads such a partition again from offset 0, after a recovery from
@@ -26,13 +27,13 @@ Options (strings, as Spark passes them):
   the offset also holds a tick, ``"_tick": {"at": ms, "known": 1}``, moved when a timer is due,
   so that Spark runs a batch for it with its no-data batches off.
 - ``journal_topic``: the history topic. A new checkpoint over half and end topics that hold
-  records reads the outcomes it holds first (:mod:`sources.journal`).
+  records reads the outcomes it holds first (:mod:`txstream.sources.journal`).
 
-The stream offset is ``{topic: {str(partition): next_offset}}`` (:mod:`sources.offsets`), so a
-restart from the checkpoint reads exactly the records after the last committed batch; with the
-tick, the progress time (every batch carries a PROGRESS row of it: :mod:`sources.progress`)
-and a recovery in progress. End offsets come from the fetch high watermark: tansu answers
-``ListOffsets`` wrongly.
+The stream offset is ``{topic: {str(partition): next_offset}}``
+(:mod:`txstream.sources.offsets`), so a restart from the checkpoint reads exactly the records
+after the last committed batch; with the tick, the progress time (every batch carries a
+PROGRESS row of it: :mod:`txstream.sources.progress`) and a recovery in progress. End offsets
+come from the fetch high watermark: tansu answers ``ListOffsets`` wrongly.
 """
 
 from __future__ import annotations
@@ -52,15 +53,17 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from sources.event_rows import (
+from txstream.kafka.provision import create_command, ensure_topics, topic_spec
+from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
+from txstream.sources.event_rows import (
     arrow_schema,
     progress_row,
     record_row,
     rows_to_batch,
     unreadable_row,
 )
-from sources.journal import JOURNAL, Journal, outcome_rows
-from sources.kafka_io import (
+from txstream.sources.journal import JOURNAL, Journal, outcome_rows
+from txstream.sources.kafka_io import (
     ROWS_PER_BATCH,
     SliceGroup,
     SourceOptions,
@@ -73,10 +76,8 @@ from sources.kafka_io import (
     high_watermarks,
     read_slice,
 )
-from sources.offsets import Offsets, canonical, records_of, spread_budget
-from sources.progress import ENDS_READ, ProgressClock
-from txstream.kafka.provision import create_command, ensure_topics, topic_spec
-from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
+from txstream.sources.offsets import Offsets, canonical, records_of, spread_budget
+from txstream.sources.progress import ENDS_READ, ProgressClock
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import TICK, Schedule, next_tick
 from txstream.topics import HALF_TOPIC, Topics
@@ -91,7 +92,6 @@ __all__ = [
     "KafkaEventSource",
     "KafkaEventReader",
     "spread_budget",
-    "register",
 ]
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _recovery(self, why: str) -> Journal | None:
         """A recovery of what the history topic says was decided, before the half and end
-        topics are read again (:mod:`sources.journal`)."""
+        topics are read again (:mod:`txstream.sources.journal`)."""
         journal = Journal.starting(self._journal_ends())
         if journal is not None:
             log.warning("%s: reading back the outcomes in %s (%d records) before the half and "
@@ -407,10 +407,3 @@ class KafkaEventSource(DataSource):
         quiet_hang_up()  # called in the planner's own process, which a query's stop ends
         return KafkaEventReader(SourceOptions.parse(self.options), schema)
 
-
-def register(spark: Any) -> None:
-    """Register ``txstream-events`` and ``txstream-records`` on ``spark`` (per session)."""
-    from sinks.kafka_sink import KafkaRecordSink
-
-    spark.dataSource.register(KafkaEventSource)
-    spark.dataSource.register(KafkaRecordSink)

@@ -2,9 +2,9 @@
 
 ``{topic: {str(partition): next offset}}`` for the half and end topics, plus entries that are
 no topic: the timer tick (:data:`txstream.timer_schedule.TICK`), the progress time
-(:data:`sources.progress.ENDS_READ`) and a recovery from the history topic
-(:data:`sources.journal.JOURNAL`). Spark stores it in the checkpoint and compares offsets as
-JSON text: one key order, always, or "no new data" would look new.
+(:data:`txstream.sources.progress.ENDS_READ`) and a recovery from the history topic
+(:data:`txstream.sources.journal.JOURNAL`). Spark stores it in the checkpoint and compares offsets
+as JSON text: one key order, always, or "no new data" would look new.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sources.journal import JOURNAL
-from sources.progress import ENDS_READ
+from txstream.sources.journal import JOURNAL
+from txstream.sources.progress import ENDS_READ
 from txstream.timer_schedule import TICK
 
 __all__ = ["Offsets", "RESERVED", "canonical", "records_of", "spread_budget"]

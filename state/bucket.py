@@ -1,6 +1,6 @@
 """Many transactions under one state key, each with its own timer.
 
-Which transactions share a key is :mod:`state.keys`' business (a time window of their ids).
+Which transactions share a key is :mod:`txstream.state.keys`' business (a time window of their ids).
 A bucket keeps its transactions and their deadlines; the Spark timeout of the key is armed at
 the earliest of them, and every call runs the timers that are due, so each transaction keeps
 its own timer semantics.
@@ -8,8 +8,8 @@ its own timer semantics.
 A pending half message is kept without its body, as RocketMQ keeps an offset into its half
 queue: the message read from the half topic knows where it lies (``queue_id``, ``queue_offset``),
 and whoever writes its release, checks or discard reads the body back from there
-(``sources.bodies``). Within the call that reads the half message the body is still at hand, so a
-commit in the same micro-batch needs no read (docs/decisions/0021-bodies-read-back.md).
+(``txstream.sources.bodies``). Within the call that reads the half message the body is still at
+hand, so a commit in the same micro-batch needs no read (docs/decisions/0021-bodies-read-back.md).
 
 A bucket also numbers the records it asks to write (:meth:`Bucket.take_numbers`). The numbers
 live in the state, so a micro-batch replayed after a crash numbers its records exactly as its
@@ -23,13 +23,13 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from state.effects import Effect
-from state.lifecycle import apply, on_timeout
-from state.outcomes import Outcomes
-from state.policy import Policy
-from state.timing import sends_check, waits_for_ends
-from state.transaction import Event, Status, Transaction
 from txstream.message import Decision, EndEvent, Message, RawRecord
+from txstream.state.effects import Effect
+from txstream.state.lifecycle import apply, on_timeout
+from txstream.state.outcomes import Outcomes
+from txstream.state.policy import Policy
+from txstream.state.timing import sends_check, waits_for_ends
+from txstream.state.transaction import Event, Status, Transaction
 
 __all__ = ["Bucket", "FORMAT_VERSION"]
 
@@ -134,10 +134,11 @@ class Bucket:
         """Run every timer due by ``now``, and every check due by ``now + lead``, in deadline
         order, each as of ``max(now, deadline)``: returns that time with each timer's effects,
         which must not take effect before it (``Policy.timer_lead``). A timer that would
-        decide an outcome runs only once due (:func:`state.timing.sends_check`). A timer
+        decide an outcome runs only once due (:func:`txstream.state.timing.sends_check`). A timer
         that sets another one within the window runs that one too, in its turn.
         ``ends_read``: how far the end topic has been read (default ``now``): a discard for
-        age waits until it passes the reserved deadline (:func:`state.timing.waits_for_ends`)."""
+        age waits until it passes the reserved deadline
+        (:func:`txstream.state.timing.waits_for_ends`)."""
         fired: list[tuple[int, list[Effect]]] = []
         self.outcomes.forget_expired(now)
         horizon = now + lead

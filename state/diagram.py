@@ -1,7 +1,8 @@
 """The life of a transaction as a Mermaid state diagram, drawn from :data:`TRANSITIONS`.
 
 ``docs/architecture.md`` embeds the diagram between two markers; a test fails when the page
-and the table disagree. ``python -m state.diagram docs/architecture.md`` redraws it in place.
+and the table disagree. ``python -m txstream.state.diagram docs/architecture.md`` redraws it in
+place.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from state.lifecycle import MAY_REACH, TRANSITIONS
-from state.transaction import Status
+from txstream.state.lifecycle import MAY_REACH, TRANSITIONS
+from txstream.state.transaction import Status
 
 __all__ = ["state_diagram", "embed", "BEGIN", "END"]
 
-BEGIN = "<!-- state diagram: drawn by `python -m state.diagram docs/architecture.md` -->"
+BEGIN = "<!-- state diagram: drawn by `python -m txstream.state.diagram docs/architecture.md` -->"
 END = "<!-- end of state diagram -->"
 
 
@@ -48,7 +49,7 @@ def embed(page: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m state.diagram PAGE.md", file=sys.stderr)
+        print("usage: python -m txstream.state.diagram PAGE.md", file=sys.stderr)
         return 2
     path = Path(argv[0])
     path.write_text(embed(path.read_text()))

@@ -48,8 +48,8 @@ _SPREAD = 64
 @dataclass(frozen=True, slots=True)
 class KeyLayout:
     """How transactions map to state keys. Fixed for a checkpoint's life (see
-    ``streaming.engine.query.pin_layout``): another layout would route events to keys that never saw
-    their transaction. ``partitions``: Spark's shuffle partitions of the query."""
+    ``txstream.streaming.engine.query.pin_layout``): another layout would route events to keys that
+    never saw their transaction. ``partitions``: Spark's shuffle partitions of the query."""
 
     window_ms: int = 1000
     shards: int = 2

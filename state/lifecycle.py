@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import replace
 from enum import Enum
 
-from state.effects import (
+from txstream.message import Decision, EndEvent, Message
+from txstream.refusals import Code
+from txstream.state.effects import (
     BodyLost,
     DeadLetter,
     Discard,
@@ -30,8 +32,8 @@ from state.effects import (
     Release,
     RequestCheck,
 )
-from state.policy import Policy
-from state.timing import (
+from txstream.state.policy import Policy
+from txstream.state.timing import (
     check_spacing,
     discard_due,
     first_check,
@@ -41,9 +43,7 @@ from state.timing import (
     reserved_deadline,
     waits_for_ends,
 )
-from state.transaction import BodyGone, Event, Status, Transaction
-from txstream.message import Decision, EndEvent, Message
-from txstream.refusals import Code
+from txstream.state.transaction import BodyGone, Event, Status, Transaction
 
 __all__ = ["Trigger", "Action", "TRANSITIONS", "MAY_REACH", "apply", "on_timeout", "trigger_of"]
 
@@ -187,7 +187,7 @@ def apply(
     after, action = TRANSITIONS[(status, trigger)]
 
     # While the end events are held the owner is not known yet: _apply_held checks them later.
-    # A remembered outcome (``state.outcomes``) keeps no owner: any end event is told it.
+    # A remembered outcome (``txstream.state.outcomes``) keeps no owner: any end event is told it.
     if (
         isinstance(event, EndEvent)
         and tx is not None

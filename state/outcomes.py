@@ -8,8 +8,8 @@ not a second release, and a late end event is told the outcome it contradicts.
 
 Each outcome is an 8-byte digest of the transaction id and 8 bytes of (until, status), in two
 sorted numpy arrays: 16 bytes a transaction, against ~300 for a resolved ``Transaction``. Two
-ids of one bucket (one time window of ids, ``state.keys``) with the same 64-bit digest would
-share an outcome; at a million ids in one bucket the odds are 3 in 10^8.
+ids of one bucket (one time window of ids, ``txstream.state.keys``) with the same 64-bit digest
+would share an outcome; at a million ids in one bucket the odds are 3 in 10^8.
 """
 
 from __future__ import annotations

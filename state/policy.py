@@ -40,7 +40,7 @@ class Policy:
     end event that comes before it still wins.
 
     ``max_clock_skew``: how far a producer's born time may be from the broker's timestamp of
-    the half message before timers count from the broker's time instead (``state.timing``).
+    the half message before timers count from the broker's time instead (``txstream.state.timing``).
 
     ``check_backoff_max``: while checks go unanswered (the group is away), each next check
     comes twice as long after the last, up to this many check intervals; one answered check

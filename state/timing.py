@@ -11,9 +11,9 @@ Pure: every time is given.
 
 from __future__ import annotations
 
-from state.policy import Policy
-from state.transaction import Status, Transaction
 from txstream.message import Message
+from txstream.state.policy import Policy
+from txstream.state.transaction import Status, Transaction
 
 __all__ = [
     "anchor",

@@ -1,6 +1,6 @@
 """What the coordinator knows of one transaction: its status and its record.
 
-The data :mod:`state.lifecycle` moves from status to status; plain frozen values, no rules.
+The data :mod:`txstream.state.lifecycle` moves from status to status; plain frozen values, no rules.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Transaction:
     next_check: int | None = None
     last_answered: int = 0
     # Resolved: until when its outcome is remembered once it leaves the state
-    # (``state.outcomes``): the reserved time after it was resolved.
+    # (``txstream.state.outcomes``): the reserved time after it was resolved.
     remember_until: int | None = None
     seen_at: int | None = None
     check_due: int | None = None

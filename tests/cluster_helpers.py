@@ -3,6 +3,7 @@ and the coordinator submitted to it with spark-submit, as a user deploys it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ __all__ = ["SPARK_HOME", "StandaloneCluster", "submit_command", "executor_pids",
 
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
 # The application file spark-submit runs: the txstream command's entry module.
-APPLICATION = str(Path(__import__("streaming.cli").cli.__file__).with_name("__main__.py"))
+APPLICATION = str(Path(importlib.util.find_spec("txstream.streaming.cli.__main__").origin))
 
 
 def _json(url: str, timeout_s: float = 3.0) -> Any:

@@ -30,7 +30,7 @@ def kafka(broker: EmbeddedBroker) -> KafkaSettings:
 
 @pytest.fixture(scope="session")
 def spark():
-    from streaming.engine.session import build_session
+    from txstream.streaming.engine.session import build_session
 
     session = build_session(app_name="txstream-tests", conf={"spark.ui.enabled": "false"})
     yield session

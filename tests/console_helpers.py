@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from state.policy import Policy
-from streaming.cli import main
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.state.policy import Policy
+from txstream.streaming.cli import main
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import end_record, half_record, produce, wait_for

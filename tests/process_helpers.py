@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["descendants", "CoordinatorProcess", "S3Server", "batch_ids", "in_flight_batch",
+__all__ = ["descendants", "CoordinatorProcess", "SHADOWED", "application_directory", "S3Server", "batch_ids", "in_flight_batch",
            "script_process", "pause"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,11 +74,24 @@ def in_flight_batch(checkpoint: Path) -> int | None:
     return max(pending) if pending else None
 
 
-LOCAL_RUN = (sys.executable, "-m", "streaming.cli", "run", "--conf", "spark.ui.enabled=false")
+# Names an application may well have for modules of its own (decision 0025).
+SHADOWED = ("client", "state", "console", "sources", "sinks", "streaming")
+
+
+def application_directory(path: Path) -> Path:
+    """An application's directory, first on its path: modules named as txstream's rooms."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in SHADOWED:
+        (path / f"{name}.py").write_text(f"OWN = {name!r}\n")
+    return path
+
+
+LOCAL_RUN = (sys.executable, "-m", "txstream.streaming.cli", "run", "--conf",
+             "spark.ui.enabled=false")
 
 
 class CoordinatorProcess:
-    """One coordinator process tree (``python -m streaming.cli run``, or ``command``: a
+    """One coordinator process tree (``python -m txstream.streaming.cli run``, or ``command``: a
     spark-submit of it), its output in ``log_path``; ``cwd`` and ``env`` (added to ours) as a
     user on another host would have them."""
 

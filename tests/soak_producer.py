@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client import TransactionListener, TransactionProducer
+from txstream.client import TransactionListener, TransactionProducer
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision, Message

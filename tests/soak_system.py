@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from client import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from txstream.broker import EmbeddedBroker
+from txstream.client import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from txstream.kafka import KafkaSettings
 from txstream.kafka.provision import admin_client, create_topics, deployment
 from txstream.topics import Topics

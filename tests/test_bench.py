@@ -25,7 +25,7 @@ POINT_FIELDS = ("pending", "state_store", "busy_batch_ms_p50", "rss_mb", "state_
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
-    return subprocess.run([sys.executable, "-m", "streaming.cli", "bench", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "txstream.streaming.cli", "bench", *args], env=env,
                           capture_output=True, text=True, timeout=280)
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from sinks.kafka_sink import SinkOptions, send_rows
-from sources.bodies import OTHER_RECORD, BodySource, gone_bodies, ranges
 from txstream.kafka import KafkaSettings, close_quietly, make_admin, make_consumer, make_producer
 from txstream.schema import Kind
+from txstream.sinks.kafka_sink import SinkOptions, send_rows
+from txstream.sources.bodies import OTHER_RECORD, BodySource, gone_bodies, ranges
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
@@ -149,15 +149,14 @@ class _Consumer:
 @pytest.fixture
 def consumers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_Consumer]]:
     """Every consumer the body source makes, in order (the first is the kept one)."""
-    import sources.bodies
-
+    import txstream.sources.bodies as bodies_module
     made: list[_Consumer] = []
 
     def make(settings: KafkaSettings, **kwargs: Any) -> _Consumer:
         made.append(_Consumer(make_consumer(settings, **kwargs)))
         return made[-1]
 
-    monkeypatch.setattr(sources.bodies, "make_consumer", make)
+    monkeypatch.setattr(bodies_module, "make_consumer", make)
     yield made
     for consumer in made:
         close_quietly(consumer.real)

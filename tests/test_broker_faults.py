@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
 from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import end_record, half_record, headers_of, produce, read_topic, wait_until
@@ -34,7 +34,7 @@ def test_unreachable_broker_at_start_fails_in_one_line_after_retrying(tmp_path: 
     closed = free_port()  # nothing listens there
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "run", "--bootstrap-servers",
+        [sys.executable, "-m", "txstream.streaming.cli", "run", "--bootstrap-servers",
          f"127.0.0.1:{closed}", "--broker-timeout", "3", "--checkpoint-dir",
          str(tmp_path / "cp")],
         capture_output=True, text=True, timeout=120, cwd=REPO)

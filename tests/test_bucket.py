@@ -7,11 +7,11 @@ import pickle
 
 import pytest
 
-from state.bucket import FORMAT_VERSION, Bucket
-from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.policy import Policy
-from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.bucket import FORMAT_VERSION, Bucket
+from txstream.state.effects import DeadLetter, Discard, Note, Release, RequestCheck
+from txstream.state.policy import Policy
+from txstream.state.transaction import BodyGone, Status, Transaction
 from txstream.topics import Topics
 from txstream.wire import decode_half, encode_half
 

@@ -1,12 +1,12 @@
-"""The rule for which back-check requests a producer answers (client/check_choice.py): pure,
-no broker, no clock."""
+"""The rule for which back-check requests a producer answers (txstream/client/check_choice.py):
+pure, no broker, no clock."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.check_choice import CheckChoice, Fetched, Verdict
+from txstream.client.check_choice import CheckChoice, Fetched, Verdict
 from txstream.message import Message
 from txstream.outputs import CheckRequest
 

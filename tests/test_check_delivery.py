@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from client import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
+from txstream.client import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import (

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from state.keys import KeyLayout
-from streaming.engine.checkpoint import LAYOUT_FILE, Checkpoint, pin_layout
 from txstream.errors import ConfigError
+from txstream.state.keys import KeyLayout
+from txstream.streaming.engine.checkpoint import LAYOUT_FILE, Checkpoint, pin_layout
 
 pytestmark = pytest.mark.spark
 

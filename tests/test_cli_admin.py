@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from state.policy import Policy
-from streaming.cli import main
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
-from streaming.engine.spark_settings import ROCKSDB_SETTINGS
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.state.policy import Policy
+from txstream.streaming.cli import main
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
+from txstream.streaming.engine.spark_settings import ROCKSDB_SETTINGS
 from txstream.topics import Topics
 
 from kafka_helpers import (
@@ -206,7 +206,7 @@ def test_pending_from_another_process_while_the_coordinator_runs(
     wait_until(lambda: txid in _pending(coord, capsys), timeout_s=60)
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "pending", "--checkpoint-dir",
+        [sys.executable, "-m", "txstream.streaming.cli", "pending", "--checkpoint-dir",
          str(coord.checkpoint)], capture_output=True, text=True, timeout=180,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     took = time.monotonic() - started
@@ -249,7 +249,7 @@ def test_demo_roles_against_a_running_coordinator(
     topic = f"{unique}-TranTest"
     roles = [*coord.args, "--topic", topic, "--group", f"{unique}-p"]
     consumer = subprocess.Popen(
-        [sys.executable, "-m", "streaming.cli", "demo", "--role", "consumer", *roles,
+        [sys.executable, "-m", "txstream.streaming.cli", "demo", "--role", "consumer", *roles,
          "--consumer-group", f"{unique}-c"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -50,8 +50,8 @@ def _marked(mark: str) -> list[str]:
 def _demo(*args: str, mark: str) -> subprocess.Popen[str]:
     env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
     env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
-    return subprocess.Popen([sys.executable, "-m", "streaming.cli", "demo", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-m", "txstream.streaming.cli", "demo", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_demo_runs_the_example_and_leaves_nothing_behind(tmp_path: Path) -> None:

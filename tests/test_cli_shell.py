@@ -13,20 +13,20 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from streaming.cli import main
 from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Message
 from txstream.outputs import encode_visible
+from txstream.streaming.cli import main
 from txstream.topics import Topics
 from txstream.wire import H, decode_end, decode_half
 
 from kafka_helpers import headers_of, produce, read_topic, wait_until
-from process_helpers import CoordinatorProcess
+from process_helpers import CoordinatorProcess, application_directory
 
 pytestmark = pytest.mark.kafka
 
-TXSTREAM = [sys.executable, "-m", "streaming.cli"]
+TXSTREAM = [sys.executable, "-m", "txstream.streaming.cli"]
 
 
 def _kafka_args(kafka: KafkaSettings, topics: Topics) -> list[str]:
@@ -149,14 +149,24 @@ def test_broker_command_serves_until_interrupted() -> None:
 
 
 @pytest.mark.spark
-def test_run_command_stops_on_ctrl_c_without_a_traceback(broker: EmbeddedBroker,
-                                                         tmp_path: Path) -> None:
+def test_run_command_releases_from_an_application_directory_and_stops_on_ctrl_c(
+        broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """Started where an application keeps its own ``client``, ``state``, ``console``, ...
+    modules (decision 0025), the coordinator still runs, and Ctrl-C stops it cleanly."""
+    prefix = f"{tmp_path.name}_"
     args = ["--bootstrap-servers", broker.bootstrap_servers, "--checkpoint-dir",
-            str(tmp_path / "cp"), "--topic-prefix", f"{tmp_path.name}_"]
-    process = CoordinatorProcess(args, tmp_path / "run.log").start()
+            str(tmp_path / "cp"), "--topic-prefix", prefix]
+    app = application_directory(tmp_path / "application")
+    process = CoordinatorProcess(args, tmp_path / "run.log", cwd=app).start()
     assert process.proc is not None
     try:
         wait_until(lambda: "coordinator running" in process.output(), timeout_s=120)
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
+        real = f"{prefix}real"
+        assert main(["produce", "--bootstrap-servers", broker.bootstrap_servers,
+                     "--topic-prefix", prefix, "--topic", real, "--group", "app", "hi"]) == 0
+        released = wait_until(lambda: read_topic(kafka, real), timeout_s=60)
+        assert [r.value for r in released] == [b"hi"]
         # What a terminal's Ctrl-C does: SIGINT to the whole foreground process group.
         os.killpg(process.proc.pid, signal.SIGINT)
         assert process.proc.wait(timeout=60) == 0

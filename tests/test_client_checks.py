@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-import client.checker
-from client import (
+import txstream.client.checker as checker_module
+from txstream.client import (
     BoundedExecutor,
     LocalTransactionState,
     Message,
@@ -208,7 +208,8 @@ def test_two_producers_of_a_group_answer_each_check_once(
 
 CRASHING_PRODUCER = textwrap.dedent("""
     import os, signal, sys, time
-    from client import LocalTransactionState, Message, TransactionListener, TransactionProducer
+    from txstream.client import (LocalTransactionState, Message, TransactionListener,
+                                 TransactionProducer)
     from txstream.topics import Topics
 
     servers, prefix, db = sys.argv[1:4]
@@ -322,7 +323,7 @@ def test_full_executor_leaves_requests_to_be_fetched_again(
     try:
         _joined(p)
         txids = [f"tx-{i}" for i in range(6)]
-        with caplog.at_level(logging.INFO, logger="client.checker"):
+        with caplog.at_level(logging.INFO, logger="txstream.client.checker"):
             produce(kafka, [_request(t, "pg_check", 1, topics) for t in txids])
             assert listener.entered.wait(20)
             wait_until(lambda: "refused" in caplog.text, timeout_s=10)
@@ -345,13 +346,13 @@ def test_a_producer_with_a_wrong_clock_judges_expiry_on_the_coordinators_clock(
     """The requests carry the coordinator's clock (here: this machine's, as their record
     timestamps); the producer's clock is ``skew_s`` off. A request within its validity is
     answered, a stale one is not, and the difference is logged."""
-    real_clock = client.checker._clock_ms
-    monkeypatch.setattr(client.checker, "_clock_ms", lambda: real_clock() + skew_s * 1000)
+    real_clock = checker_module._clock_ms
+    monkeypatch.setattr(checker_module, "_clock_ms", lambda: real_clock() + skew_s * 1000)
     listener = MapListener()
     p = _producer(kafka, topics, listener)
     try:
         _joined(p)
-        with caplog.at_level(logging.WARNING, logger="client.checker"):
+        with caplog.at_level(logging.WARNING, logger="txstream.client.checker"):
             now = int(time.time() * 1000)
             produce(kafka, [_request("tx-live", "pg_check", 1, topics, valid_until=now + 2000)])
             (live,) = _wait_answers(kafka, topics, 1)

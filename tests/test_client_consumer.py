@@ -17,7 +17,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndTimestamp
 
-from client import (
+from txstream.client import (
     ClientStateError,
     ConfigError,
     ConsumeFromWhere,
@@ -25,10 +25,10 @@ from client import (
     Message,
     PushConsumer,
 )
-from client.consume_from import start_offsets
-from client.consume_partitions import Rebalance
-from client.consume_pool import ConsumePool, Job
-from client.retry import RetryHeaders
+from txstream.client.consume_from import start_offsets
+from txstream.client.consume_partitions import Rebalance
+from txstream.client.consume_pool import ConsumePool, Job
+from txstream.client.retry import RetryHeaders
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.outputs import encode_visible
 from txstream.wire import H, header_dict

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import (
+from txstream.broker import EmbeddedBroker, free_port
+from txstream.client import (
     MAX_BODY_BYTES,
     BrokerUnavailable,
     ClientStateError,
@@ -27,7 +28,6 @@ from client import (
     TransactionListener,
     TransactionProducer,
 )
-from txstream.broker import EmbeddedBroker, free_port
 from txstream.kafka import KafkaSettings
 from txstream.outputs import encode_check
 from txstream.topics import Topics
@@ -165,7 +165,7 @@ def test_listener_that_raises_or_returns_none_ends_unknown_with_a_remark(
     producer: TransactionProducer, kafka: KafkaSettings, topics: Topics,
     caplog: pytest.LogCaptureFixture, body: bytes, remark: str,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="client.listener"):
+    with caplog.at_level(logging.WARNING, logger="txstream.client.listener"):
         result = producer.send_message_in_transaction(Message("TopicTest", body))
     assert result.local_transaction_state is S.UNKNOW
     end = _end_of(kafka, topics, result.transaction_id)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from client import ConsumeFromWhere, ConsumeStatus, Message, PushConsumer
-from client.retry import RetryHeaders
+from txstream.client import ConsumeFromWhere, ConsumeStatus, Message, PushConsumer
+from txstream.client.retry import RetryHeaders
 from txstream.kafka import KafkaSettings
 from txstream.outputs import encode_visible
 from txstream.wire import H, header_dict

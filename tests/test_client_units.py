@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from kafka import TopicPartition
 from kafka import errors as kafka_errors
 
-import client
-from client import (
+from txstream import client
+from txstream.client import (
     BoundedExecutor,
     DedupCache,
     InvalidMessage,
@@ -25,11 +25,11 @@ from client import (
     Topics,
     TxStreamError,
 )
-from client.consume_partitions import Partitions
-from client.listener import call_for_state
-from client.offsets import OffsetTracker as _Offsets
-from client.options import resolve_settings, resolve_topics
-from client.retry import (
+from txstream.client.consume_partitions import Partitions
+from txstream.client.listener import call_for_state
+from txstream.client.offsets import OffsetTracker as _Offsets
+from txstream.client.options import resolve_settings, resolve_topics
+from txstream.client.retry import (
     ROCKETMQ_DELAYS_S,
     RetryHeaders,
     due_ms,
@@ -37,9 +37,9 @@ from client.retry import (
     retry_delays,
     retry_record,
 )
-from client.retry_hold import HeldRetries
-from client.send_errors import not_sent, send_failure
-from client.validate import validate_message
+from txstream.client.retry_hold import HeldRetries
+from txstream.client.send_errors import not_sent, send_failure
+from txstream.client.validate import validate_message
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision

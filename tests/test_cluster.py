@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from client.options import new_message_id
-from streaming.engine.checkpoint import LAYOUT_FILE
 from txstream.broker import free_port
+from txstream.client.options import new_message_id
 from txstream.kafka import KafkaSettings, read_topic
 from txstream.message import Decision
 from txstream.outputs import decode_history
+from txstream.streaming.engine.checkpoint import LAYOUT_FILE
 from txstream.topics import Topics
 from txstream.wire import H, header_dict
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from streaming.cli import build_parser
-from streaming.cli.options import config_from_args
-from streaming.engine.board import MetricsBoard
-from streaming.engine.health import HealthCheck
-from streaming.engine.metrics import MetricsSources, serve_metrics
-from streaming.engine.progress import CoordinatorStats
+from txstream.streaming.cli import build_parser
+from txstream.streaming.cli.options import config_from_args
+from txstream.streaming.engine.board import MetricsBoard
+from txstream.streaming.engine.health import HealthCheck
+from txstream.streaming.engine.metrics import MetricsSources, serve_metrics
+from txstream.streaming.engine.progress import CoordinatorStats
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -237,11 +237,11 @@ def test_the_dashboard_queries_only_what_a_real_coordinator_exports(
 ) -> None:
     import urllib.request
 
-    from state.policy import Policy
-    from streaming.engine.config import RunConfig
-    from streaming.engine.coordinator import Coordinator
-    from streaming.engine.metrics import serve_coordinator
     from txstream.broker import free_port
+    from txstream.state.policy import Policy
+    from txstream.streaming.engine.config import RunConfig
+    from txstream.streaming.engine.coordinator import Coordinator
+    from txstream.streaming.engine.metrics import serve_coordinator
 
     from kafka_helpers import wait_until
 

@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 
-from state.policy import Policy
-from streaming.cli.options import add_run_arguments, config_from_args
-from streaming.engine.config import RunConfig
-from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 from txstream.errors import ConfigError
+from txstream.state.policy import Policy
+from txstream.streaming.cli.options import add_run_arguments, config_from_args
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 
 
 def _parse(argv: list[str]) -> RunConfig:

@@ -14,14 +14,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-import console.feed as feed_module
-from console import FeedStats, Index, IndexFeed, Status, TxQuery
-from console.entries import Source
-from console.index import MEMORY
-from streaming.cli import main
-from streaming.cli.admin import send_decision
+import txstream.console.feed as feed_module
+from txstream.console import FeedStats, Index, IndexFeed, Status, TxQuery
+from txstream.console.entries import Source
+from txstream.console.index import MEMORY
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision, Message
+from txstream.streaming.cli import main
+from txstream.streaming.cli.admin import send_decision
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half
 
@@ -288,7 +288,7 @@ def test_a_bad_history_record_is_logged_and_skipped(
         skipped += feed.catch_up().skipped
         return skipped >= 2
 
-    with caplog.at_level(logging.WARNING, logger="console.feed"):
+    with caplog.at_level(logging.WARNING, logger="txstream.console.feed"):
         wait_until(both_skipped, timeout_s=30)
     assert skipped == 2
     lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]

@@ -19,9 +19,9 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from console.server import ConsoleServer
-from streaming.cli.admin import send_decision
+from txstream.console.server import ConsoleServer
 from txstream.kafka import KafkaSettings
+from txstream.streaming.cli.admin import send_decision
 
 from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import discard_by_answers, wait_until
@@ -160,7 +160,7 @@ def test_an_operator_commits_through_the_api(
 
 def test_the_console_command_serves_until_sigterm(coord: Coordinator, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streaming.cli", "console", *coord.args, "--port", "0",
+        [sys.executable, "-m", "txstream.streaming.cli", "console", *coord.args, "--port", "0",
          "--index", str(tmp_path / "cli.sqlite")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

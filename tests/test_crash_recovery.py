@@ -3,7 +3,7 @@
 A producer of the group sends transactions at a steady rate the whole time, with a mix of
 outcomes: commit, rollback, and unknown-then-check (the local transaction answers UNKNOW, a
 back-check later gets the final answer from the producer). The coordinator runs as its own
-process (``python -m streaming.cli run``) and is killed three times at different moments:
+process (``python -m txstream.streaming.cli run``) and is killed three times at different moments:
 
 * ``random``: whenever the dice say, maybe between batches;
 * ``mid-batch``: while a batch is planned (``offsets/N``) but not committed (``commits/N``);
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from client import (
+from txstream.client import (
     ConsumeFromWhere,
     ConsumeStatus,
     PushConsumer,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from state.diagram import BEGIN, END, embed, state_diagram
+from txstream.state.diagram import BEGIN, END, embed, state_diagram
 
 REPO = Path(__file__).resolve().parent.parent
 ARCHITECTURE = REPO / "docs" / "architecture.md"
@@ -19,11 +19,12 @@ def test_the_architecture_page_shows_the_transition_table() -> None:
     page = ARCHITECTURE.read_text()
     drawn = page.split(BEGIN, 1)[1].split(END, 1)[0]
     assert state_diagram() in drawn
-    assert embed(page) == page  # `python -m state.diagram docs/architecture.md` changes nothing
+    # `python -m txstream.state.diagram docs/architecture.md` changes nothing:
+    assert embed(page) == page
 
 
 def test_the_diagram_has_an_edge_for_every_move_of_the_table() -> None:
-    from state.lifecycle import TRANSITIONS
+    from txstream.state.lifecycle import TRANSITIONS
 
     lines = state_diagram().splitlines()[1:]
     for (before, trigger), (after, action) in TRANSITIONS.items():

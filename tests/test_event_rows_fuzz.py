@@ -1,10 +1,10 @@
 """Issue 5, bad input: no Kafka record, however broken, crashes the coordinator's parsing.
 
 Every record of the half and end topics goes through two steps: the source turns it into a row
-(``sources.event_rows.record_row``: raw key, value, packed headers and the state key), and the
-operator decodes the row (``sources.events.parse_event``). Whatever comes in, the row must be one
-Spark accepts (the Arrow batch builds), and a record that cannot be decoded must come out
-``Malformed`` with a reason, to be dead-lettered with the record intact. Random records, and
+(``txstream.sources.event_rows.record_row``: raw key, value, packed headers and the state key), and
+the operator decodes the row (``txstream.sources.events.parse_event``). Whatever comes in, the row
+must be one Spark accepts (the Arrow batch builds), and a record that cannot be decoded must come
+out ``Malformed`` with a reason, to be dead-lettered with the record intact. Random records, and
 valid records with one header broken, are thrown at both.
 """
 
@@ -15,11 +15,17 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sources.event_rows import NUM_COLUMNS, arrow_schema, event_struct, record_row, rows_to_batch
-from sources.events import Malformed, parse_event
-from state.keys import UNROUTABLE, KeyLayout, state_key
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EVENT_COLUMNS, EventKind
+from txstream.sources.event_rows import (
+    NUM_COLUMNS,
+    arrow_schema,
+    event_struct,
+    record_row,
+    rows_to_batch,
+)
+from txstream.sources.events import Malformed, parse_event
+from txstream.state.keys import UNROUTABLE, KeyLayout, state_key
 from txstream.topics import Topics
 from txstream.wire import encode_end, encode_half, unpack_headers
 

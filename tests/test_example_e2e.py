@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
 from txstream.topics import Topics
 
 from seed_helpers import SeedRun

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from client import TransactionListener, TransactionProducer
-from state.policy import Policy
-from streaming.cli import main
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
+from txstream.client import TransactionListener, TransactionProducer
 from txstream.kafka import KafkaSettings
 from txstream.message import MAX_BODY_BYTES, Decision, Message
+from txstream.state.policy import Policy
+from txstream.streaming.cli import main
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
 from txstream.topics import Topics
 from txstream.wire import H, Record
 
@@ -177,7 +177,7 @@ def test_bad_input_is_dead_lettered_counted_and_changes_nothing(
 
 _CRASHING_PRODUCER = """
 import os, signal, sys
-from client import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from txstream.client import LocalTransactionState, Message, TransactionListener, TransactionProducer
 
 class DiesMidTransaction(TransactionListener):
     def execute_local_transaction(self, msg, arg):

@@ -15,10 +15,10 @@ import confluent_kafka
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import wait_until

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from streaming.engine.board import MetricsBoard
-from streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
 from txstream.kafka import KafkaSettings
 from txstream.kafka.reading import partition_ends
+from txstream.streaming.engine.board import MetricsBoard
+from txstream.streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
 from txstream.timer_schedule import Schedule
 from txstream.topics import Topics
 
@@ -113,8 +113,8 @@ _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
 
 
 def _lines(fmt: str) -> tuple[str, str]:
-    code = ("import logging; from streaming.cli.options import set_log_level; "
-            f"from streaming.cli.logs import say; set_log_level('INFO', {fmt!r}); "
+    code = ("import logging; from txstream.streaming.cli.options import set_log_level; "
+            f"from txstream.streaming.cli.logs import say; set_log_level('INFO', {fmt!r}); "
             "say('coordinator running'); logging.getLogger('txstream.x').warning('look')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 from kafka.net.sasl.oauth import SaslMechanismOAuth
 
-from client import PushConsumer, TransactionListener, TransactionProducer
-from client.options import resolve_settings
-from sinks.delivery import make_sink_producer
-from sources.kafka_io import SourceOptions, consumer_for, drop_consumer
-from streaming.cli.options import add_kafka_arguments, settings_of
+from txstream.client import PushConsumer, TransactionListener, TransactionProducer
+from txstream.client.options import resolve_settings
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings, make_admin, make_consumer, make_producer
 from txstream.kafka.oauth import ClientCredentialsTokenProvider
 from txstream.kafka.properties import parse_properties, read_properties
 from txstream.message import Decision, Message
+from txstream.sinks.delivery import make_sink_producer
+from txstream.sources.kafka_io import SourceOptions, consumer_for, drop_consumer
+from txstream.streaming.cli.options import add_kafka_arguments, settings_of
 
 JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
         'username="alice" password="pa\\"ss";')

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_rows
-from sources.kafka_source import register
 from txstream.broker import EmbeddedBroker
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.schema import OUTPUT_SCHEMA, OutputRow
+from txstream.sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_rows
+from txstream.sources.kafka_source import register
 from txstream.wire import pack_headers
 
 from kafka_helpers import output_row, read_topic
@@ -194,7 +194,7 @@ def test_an_incomplete_batch_warns_only_about_records_it_wrote(caplog) -> None:
     a warning, saying whether the rerun writes them again."""
     settings = json.dumps(KafkaSettings(bootstrap_servers="127.0.0.1:9").as_dict())
     writer = KafkaRecordWriter(SinkOptions.parse({"kafka": settings}))
-    caplog.set_level(logging.INFO, logger="sinks.kafka_sink")
+    caplog.set_level(logging.INFO, logger="txstream.sinks.kafka_sink")
 
     writer.abort([None, SinkCommit()], 7)
     assert [(r.levelno, "wrote nothing" in r.message) for r in caplog.records] == [

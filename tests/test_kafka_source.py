@@ -14,25 +14,25 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from sources.event_rows import event_struct, route
-from sources.events import Malformed, parse_event
-from sources.kafka_io import group_slices
-from sources.kafka_source import (
+from txstream.kafka import KafkaSettings, make_producer
+from txstream.message import Decision, EndEvent, Message
+from txstream.schema import EventKind
+from txstream.sources.event_rows import event_struct, route
+from txstream.sources.events import Malformed, parse_event
+from txstream.sources.kafka_io import group_slices
+from txstream.sources.kafka_source import (
     KafkaEventReader,
     KafkaEventSource,
     SliceGroup,
     SourceOptions,
     SourceReadError,
     TopicSlice,
-    register,
     spread_budget,
 )
-from sources.offsets import records_of
-from sources.progress import ENDS_READ
-from state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout
-from txstream.kafka import KafkaSettings, make_producer
-from txstream.message import Decision, EndEvent, Message
-from txstream.schema import EventKind
+from txstream.sources.offsets import records_of
+from txstream.sources.progress import ENDS_READ
+from txstream.state.keys import PROGRESS_KEY, UNROUTABLE, KeyLayout
+from txstream.streaming.engine.query import register
 from txstream.timer_schedule import TICK, Schedule
 from txstream.topics import Topics
 from txstream.wire import Record, encode_end, encode_half, unpack_headers

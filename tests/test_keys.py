@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.options import new_message_id
-from state.keys import (
+from txstream.client.options import new_message_id
+from txstream.state.keys import (
     UNROUTABLE,
     KeyLayout,
     id_time_ms,

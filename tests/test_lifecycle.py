@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import TRANSITIONS, Action, Trigger, apply, on_timeout, trigger_of
-from state.policy import HOUR, SECOND, Policy
-from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.effects import DeadLetter, Discard, Note, Release, RequestCheck
+from txstream.state.lifecycle import TRANSITIONS, Action, Trigger, apply, on_timeout, trigger_of
+from txstream.state.policy import HOUR, SECOND, Policy
+from txstream.state.transaction import BodyGone, Status, Transaction
 
 from tx_helpers import (
     COMMIT,

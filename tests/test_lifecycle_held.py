@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from state.effects import DeadLetter, Note, Release
-from state.lifecycle import apply, on_timeout
-from state.transaction import Status
 from txstream.message import Decision, EndEvent
+from txstream.state.effects import DeadLetter, Note, Release
+from txstream.state.lifecycle import apply, on_timeout
+from txstream.state.transaction import Status
 
 from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, P, end, half, kinds, only, reach, registered
 

@@ -17,12 +17,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state.bucket import Bucket
-from state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
-from state.lifecycle import on_timeout
-from state.policy import Policy
-from state.transaction import Status, Transaction
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.bucket import Bucket
+from txstream.state.effects import DeadLetter, Discard, Effect, Note, Release, RequestCheck
+from txstream.state.lifecycle import on_timeout
+from txstream.state.policy import Policy
+from txstream.state.transaction import Status, Transaction
 
 T0 = 1_000_000
 NEVER = 10**12  # a duration no scenario reaches

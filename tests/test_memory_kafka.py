@@ -210,7 +210,7 @@ def test_a_record_waiting_past_its_delivery_timeout_expires(mem: MemoryBroker,
 
 
 def test_an_in_doubt_send_fails_yet_its_record_is_stored(mem: MemoryBroker) -> None:
-    from sinks.delivery import Delivery
+    from txstream.sinks.delivery import Delivery
 
     from kafka_helpers import output_row
 
@@ -225,7 +225,7 @@ def test_an_in_doubt_send_fails_yet_its_record_is_stored(mem: MemoryBroker) -> N
 
 
 def test_a_record_too_large_is_refused_at_send_and_dead_lettered(mem: MemoryBroker) -> None:
-    from sinks.delivery import Delivery
+    from txstream.sinks.delivery import Delivery
 
     from kafka_helpers import output_row
 

@@ -16,9 +16,6 @@ import pytest
 from kafka import TopicPartition
 from kafka.partitioner import murmur2
 
-from sinks.delivery import Delivery
-from sinks.kafka_sink import SinkOptions, send_rows
-from sources.bodies import BodySource, gone_bodies
 from txstream.kafka import (
     KafkaSettings,
     fetch_ends,
@@ -40,6 +37,9 @@ from txstream.kafka.provision import (
     topic_states,
 )
 from txstream.schema import Kind
+from txstream.sinks.delivery import Delivery
+from txstream.sinks.kafka_sink import SinkOptions, send_rows
+from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
@@ -330,9 +330,9 @@ def test_body_source_reads_held_bodies_back(memory: World) -> None:
 def test_the_source_plans_and_reads_batches_on_the_memory_broker(memory: World) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from sources.event_rows import event_struct
-    from sources.kafka_source import KafkaEventReader, SourceOptions
     from txstream.message import Decision
+    from txstream.sources.event_rows import event_struct
+    from txstream.sources.kafka_source import KafkaEventReader, SourceOptions
 
     broker = memory.memory
     assert broker is not None

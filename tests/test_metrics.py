@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
-from streaming.engine.metrics import serve_coordinator, serve_metrics
-from streaming.engine.progress import CoordinatorStats
 from txstream.broker import free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.metrics import serve_coordinator, serve_metrics
+from txstream.streaming.engine.progress import CoordinatorStats
 from txstream.topics import Topics
 from txstream.wire import Record
 

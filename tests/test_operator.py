@@ -16,17 +16,17 @@ import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BinaryType, Row, StructField, StructType
 
-from sources.event_rows import record_row, unreadable_row
-from state.bucket import Bucket
-from state.keys import KeyLayout, state_key
-from state.policy import Policy
-from state.transaction import Status
-from streaming.engine.operator import coordinator_function
-from streaming.engine.records import coordinator_tag
 from txstream.kafka import KafkaSettings
 from txstream.kafka.memory import MemoryBroker
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EventRow, Kind, OutputRow
+from txstream.sources.event_rows import record_row, unreadable_row
+from txstream.state.bucket import Bucket
+from txstream.state.keys import KeyLayout, state_key
+from txstream.state.policy import Policy
+from txstream.state.transaction import Status
+from txstream.streaming.engine.operator import coordinator_function
+from txstream.streaming.engine.records import coordinator_tag
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_end, encode_half, unpack_headers
 

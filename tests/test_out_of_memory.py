@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from client.options import new_message_id
-from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 from txstream.broker import EmbeddedBroker
+from txstream.client.options import new_message_id
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
+from txstream.streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY
 from txstream.topics import Topics
 
 from kafka_helpers import (

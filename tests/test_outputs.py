@@ -11,9 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from sources.events import Malformed, parse_event
-from state.effects import DeadLetter
-from streaming.engine.records import history_rows, records_for
 from txstream.message import Decision, EndEvent, Message, RawRecord
 from txstream.outputs import (
     MAX_REASON_BYTES,
@@ -28,6 +25,9 @@ from txstream.outputs import (
 )
 from txstream.refusals import Code
 from txstream.schema import EventKind
+from txstream.sources.events import Malformed, parse_event
+from txstream.state.effects import DeadLetter
+from txstream.streaming.engine.records import history_rows, records_for
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_end, encode_half, header_dict, pack_headers
 
@@ -155,7 +155,7 @@ def test_a_user_property_named_remark_reaches_the_released_message() -> None:
 
 
 def test_a_batch_of_history_too_big_for_one_record_is_split_and_counted() -> None:
-    from state.effects import Note
+    from txstream.state.effects import Note
 
     notes = [Note(f"tx-{i:04d}", "half", 1_700_000_000_000 + i, {"group": "G" * 50})
              for i in range(200)]

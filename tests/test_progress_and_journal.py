@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from sources.journal import OUTCOME_OF, Journal, outcome_rows
-from sources.progress import ProgressClock
-from state.keys import KeyLayout, state_key
 from txstream.outputs import encode_history
 from txstream.schema import EventKind
+from txstream.sources.journal import OUTCOME_OF, Journal, outcome_rows
+from txstream.sources.progress import ProgressClock
+from txstream.state.keys import KeyLayout, state_key
 from txstream.topics import Topics
 
 E0, E1 = ("end", 0), ("end", 1)

@@ -1,5 +1,5 @@
 """Issue 5, exactly-once release: record ids that a replayed batch repeats, and the sink's
-search for what a crashed run already wrote (``sinks.replay``)."""
+search for what a crashed run already wrote (``txstream.sinks.replay``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from kafka.admin import NewTopic
 
-from state.bucket import FORMAT_VERSION, Bucket
-from state.policy import Policy
-from streaming.engine.records import coordinator_tag, record_id
 from txstream.kafka import KafkaSettings, make_admin, make_producer
 from txstream.message import Message
 from txstream.schema import OUTPUT_COLUMNS, OUTPUT_SCHEMA
+from txstream.state.bucket import FORMAT_VERSION, Bucket
+from txstream.state.policy import Policy
+from txstream.streaming.engine.records import coordinator_tag, record_id
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
@@ -60,7 +60,7 @@ def test_record_ids_name_the_coordinator_bucket_epoch_and_number() -> None:
 def test_written_ids_finds_exactly_the_records_on_their_topics(
     kafka: KafkaSettings, unique: str
 ) -> None:
-    from sinks.replay import written_ids
+    from txstream.sinks.replay import written_ids
 
     topic, absent = f"{unique}-real", f"{unique}-never-written"
     admin = make_admin(kafka)
@@ -92,7 +92,7 @@ def test_written_ids_finds_exactly_the_records_on_their_topics(
 
 
 def test_a_task_outside_spark_is_always_checked() -> None:
-    from sinks.replay import replay_suspected
+    from txstream.sinks.replay import replay_suspected
 
     assert replay_suspected() is True
 
@@ -100,7 +100,7 @@ def test_a_task_outside_spark_is_always_checked() -> None:
 def _write(spark: Any, kafka: KafkaSettings, rows: list[tuple[Any, ...]], base: Path,
            replay_check: bool) -> None:
     """Stream OUTPUT_SCHEMA ``rows`` through the sink in one micro-batch, checkpointed."""
-    from sources.kafka_source import register
+    from txstream.streaming.engine.query import register
 
     register(spark)
     source = base / "in"

@@ -26,15 +26,7 @@ from typing import Any
 
 import pytest
 
-from client import PushConsumer, TransactionListener, TransactionProducer
-from sinks.kafka_sink import SinkOptions, send_rows
-from sources.kafka_io import SourceOptions, consumer_for, drop_consumer
-from streaming.cli.options import (
-    add_kafka_arguments,
-    add_run_arguments,
-    config_from_args,
-    settings_of,
-)
+from txstream.client import PushConsumer, TransactionListener, TransactionProducer
 from txstream.errors import TxStreamError
 from txstream.kafka import (
     KafkaSettings,
@@ -45,6 +37,14 @@ from txstream.kafka import (
     wait_for_broker,
 )
 from txstream.message import Decision, Message
+from txstream.sinks.kafka_sink import SinkOptions, send_rows
+from txstream.sources.kafka_io import SourceOptions, consumer_for, drop_consumer
+from txstream.streaming.cli.options import (
+    add_kafka_arguments,
+    add_run_arguments,
+    config_from_args,
+    settings_of,
+)
 
 from kafka_helpers import output_row
 from process_helpers import REPO
@@ -222,7 +222,7 @@ def test_admin_commands_take_a_properties_file_from_the_environment(
 
 def _run(kafka: KafkaSettings, flags: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "run", "--broker-timeout", "2", *flags],
+        [sys.executable, "-m", "txstream.streaming.cli", "run", "--broker-timeout", "2", *flags],
         capture_output=True, text=True, timeout=120, cwd=REPO,
         env={k: v for k, v in os.environ.items() if not k.startswith("TXSTREAM_")})
 

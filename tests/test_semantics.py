@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 
-from state.bucket import Bucket
-from state.effects import DeadLetter, Discard, Note, Release, RequestCheck
-from state.lifecycle import apply
-from state.policy import Policy
-from state.transaction import Status
+from txstream.state.bucket import Bucket
+from txstream.state.effects import DeadLetter, Discard, Note, Release, RequestCheck
+from txstream.state.lifecycle import apply
+from txstream.state.policy import Policy
+from txstream.state.transaction import Status
 
 from tx_helpers import COMMIT, ROLLBACK, T0, UNKNOWN, answer, end, half, kinds, only
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from streaming.engine.config import RunConfig
-from streaming.engine.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
-from streaming.engine.session import build_session
-from streaming.engine.spark_settings import (
+from txstream.broker import EmbeddedBroker
+from txstream.errors import ConfigError
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.local_fs import NO_FORK_FS_CLASS, no_fork_fs_jar
+from txstream.streaming.engine.session import build_session
+from txstream.streaming.engine.spark_settings import (
     DEFAULT_DRIVER_MEMORY,
     JIT_OPTIONS,
     gc_options,
     with_no_fork_fs,
 )
-from txstream.broker import EmbeddedBroker
-from txstream.errors import ConfigError
 
 from kafka_helpers import wait_until
 from process_helpers import CoordinatorProcess, descendants
@@ -194,7 +194,7 @@ def test_after_a_failure_spark_s_python_processes_of_this_group_are_ended() -> N
     # left behind, one Python process that is not Spark's.
     command = (
         "import subprocess, sys\n"
-        "from streaming.engine.session import end_spark\n"
+        "from txstream.streaming.engine.session import end_spark\n"
         f"orphan = subprocess.Popen({sleeper!r})\n"
         f"other = subprocess.Popen({sleeper[:3]!r})\n"
         "end_spark(None)\n"

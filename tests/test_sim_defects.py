@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-import client.check_choice as check_choice
-import sources.bodies as bodies
-import sources.journal as journal
-import state.bucket as bucket
-import state.lifecycle as lifecycle
-import state.timing as timing
+import txstream.client.check_choice as check_choice
 import txstream.kafka.reading as reading
-from state.effects import Release
-from state.lifecycle import Action
-from state.timing import anchor
-from state.transaction import Status
+import txstream.sources.bodies as bodies
+import txstream.sources.journal as journal
+import txstream.state.bucket as bucket
+import txstream.state.lifecycle as lifecycle
+import txstream.state.timing as timing
+from txstream.state.effects import Release
+from txstream.state.lifecycle import Action
+from txstream.state.timing import anchor
+from txstream.state.transaction import Status
 
 from sim.actors import COMMIT, Producers
 from sim.oracle import Violation

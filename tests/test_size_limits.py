@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from sinks.kafka_sink import SinkOptions, send_rows
-from state.policy import Policy
-from streaming.engine.config import RunConfig
-from streaming.engine.query import start_coordinator
 from txstream.kafka import KafkaSettings, read_topic
 from txstream.message import Decision
+from txstream.sinks.kafka_sink import SinkOptions, send_rows
+from txstream.state.policy import Policy
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.query import start_coordinator
 from txstream.topics import Topics
 from txstream.wire import H, Record, header_dict
 
@@ -90,8 +90,8 @@ def test_a_record_the_producer_refuses_is_dead_lettered_and_the_rest_is_written(
 def test_a_record_for_a_topic_the_broker_will_not_create_is_dead_lettered(
     kafka: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sinks import delivery
     from txstream.kafka import provision
+    from txstream.sinks import delivery
 
     # tansu creates topics on first use and cannot be told not to: answer for a broker that
     # does not, at the one place the sink asks (and forget what this process learnt before).

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.engine.spark_settings import (
+from txstream.streaming.engine.spark_settings import (
     LOG4J_CONFIG,
     PANDAS_WARNING_FILTER,
     defaults_file_settings,

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from client import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from streaming.cli import main
-from streaming.engine import coordinator as coordinator_module
-from streaming.engine.config import RunConfig
-from streaming.engine.coordinator import Coordinator
+from txstream.client import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.kafka import provision as prov
 from txstream.outputs import encode_check
+from txstream.streaming.cli import main
+from txstream.streaming.engine import coordinator as coordinator_module
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.coordinator import Coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import produce
@@ -219,7 +219,7 @@ def test_topics_create_fails_when_the_broker_refuses(
         out = real(admin, [s for s in specs if s.kind != "history"])
         return {**out, topics.history: "PolicyViolationError: not here"}
 
-    monkeypatch.setattr("streaming.cli.topics.create_topics", refuse_history)
+    monkeypatch.setattr("txstream.streaming.cli.topics.create_topics", refuse_history)
     rc, lines, _ = _cli(capsys, "topics", "create", "--bootstrap-servers",
                         kafka.bootstrap_servers, "--topic-prefix", topics.prefix)
     assert rc == 1
@@ -381,9 +381,9 @@ def test_the_coordinator_warns_when_the_half_topic_may_drop_pending_bodies(
     """By time or by size: bodies of pending transactions are read back from the half topic."""
     import random
 
-    from streaming.engine.config import RunConfig
-    from streaming.engine.coordinator import half_retention_warning
     from txstream.kafka.memory import MemoryBroker
+    from txstream.streaming.engine.config import RunConfig
+    from txstream.streaming.engine.coordinator import half_retention_warning
 
     with MemoryBroker("retention-warning", lambda: 0, random.Random(0)) as broker:
         topics = Topics.with_prefix("w_")

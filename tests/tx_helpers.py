@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from state.lifecycle import apply, on_timeout
-from state.policy import Policy
-from state.transaction import BodyGone, Status, Transaction
 from txstream.message import Decision, EndEvent, Message
+from txstream.state.lifecycle import apply, on_timeout
+from txstream.state.policy import Policy
+from txstream.state.transaction import BodyGone, Status, Transaction
 
 __all__ = [
     "T0", "P", "COMMIT", "ROLLBACK", "UNKNOWN",

@@ -5,15 +5,15 @@ Spark runs a processing-time timeout only inside a micro-batch. With its no-data
 a query with timeouts runs batches back to back, input or not, to find the due ones: an idle
 coordinator kept 1.3-1.45 of this machine's 2 cores busy (docs/decisions/0003-timer-schedule.md).
 txstream turns those
-batches off (``streaming.engine.session``) and tells Spark when a timer is due instead:
+batches off (``txstream.streaming.engine.session``) and tells Spark when a timer is due instead:
 
 - the operator emits a timer row for every state key it runs: the key's new timeout, or none
-  (``streaming.engine.operator``);
+  (``txstream.streaming.engine.operator``);
 - the sink's tasks return them, and its driver-side commit folds them into this schedule, a
-  file on the driver (``sinks.kafka_sink``), with the id of the batch it reflects. A replayed
-  batch folds the same rows into the same result;
+  file on the driver (``txstream.sinks.kafka_sink``), with the id of the batch it reflects. A
+  replayed batch folds the same rows into the same result;
 - the source reads the schedule whenever Spark asks for its latest offset and, once the
-  earliest timeout has passed, moves a tick in its offset (``sources.kafka_source``). The
+  earliest timeout has passed, moves a tick in its offset (``txstream.sources.kafka_source``). The
   offset moved, so Spark plans a batch, and it takes that batch's time after the offset, so
   the batch runs the timeout.
 
@@ -22,7 +22,7 @@ Spark runs a timeout T in the first batch whose time is past T (``T < batch_ms``
 The file is a cache of what the checkpoint holds: each key's timeout is also in its state
 (Spark keeps it beside the state value). A driver that starts with no file, or one that does
 not reflect the checkpoint's last committed batch (another host, a crash between the fold and
-Spark's commit), rebuilds it from the state (``streaming.engine.timers``).
+Spark's commit), rebuilds it from the state (``txstream.streaming.engine.timers``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ __all__ = [
     "DISCARD_TOPIC",
     "DEAD_LETTER_TOPIC",
     "HISTORY_TOPIC",
+    "RETRY_PREFIX",
+    "DLQ_PREFIX",
     "Topics",
     "validate_group",
     "validate_topic",
@@ -26,6 +28,9 @@ CHECK_TOPIC_PREFIX = "RMQ_SYS_TRANS_CHECK_"
 DISCARD_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 DEAD_LETTER_TOPIC = "TXSTREAM_DEAD_LETTER"
 HISTORY_TOPIC = "TXSTREAM_HISTORY"
+# A push consumer group's own topics (RocketMQ's %RETRY%<group> and %DLQ%<group>).
+RETRY_PREFIX = "TXSTREAM_RETRY_"
+DLQ_PREFIX = "TXSTREAM_DLQ_"
 
 # Kafka's legal topic characters; RocketMQ's group charset is a subset except '%' and '|'.
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -50,7 +50,7 @@ def require_coordinator(command: str, modules: Sequence[str] = COORDINATOR_MODUL
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from streaming.cli import admin, broker, console, demo, pending, run, shell, topics
+    from txstream.streaming.cli import admin, broker, console, demo, pending, run, shell, topics
 
     parser = argparse.ArgumentParser(
         prog="txstream",
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from streaming.cli.logs import configure_logging
+    from txstream.streaming.cli.logs import configure_logging
 
     logging.getLogger().setLevel(logging.WARNING)
     configure_logging("text")

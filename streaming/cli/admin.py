@@ -5,7 +5,7 @@ the end topic producers use, so the coordinator applies it like any other end ev
 checkpointed) and records it in the history as the operator's decision; the console's resolve
 buttons write it the same way (:func:`send_decision`). ``history TXID`` tells what the
 coordinator wrote about the transaction: its history notes, and the discard and dead-letter
-records keyed by it. Both read the console's index (:mod:`console.index`): caught up to the
+records keyed by it. Both read the console's index (:mod:`txstream.console.index`): caught up to the
 topics' ends, then queried. With ``--index PATH`` that is the console's file, kept between
 calls; without, one in memory, read from the topics' beginning for this call.
 """
@@ -21,15 +21,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from console.describe import describe, describe_dead_letter, describe_discard
-from console.entries import Source
-from console.feed import IndexFeed
-from console.index import MEMORY, Index
-from console.queries import EventRow
-from streaming.cli.options import add_kafka_arguments, env, format_ms, settings_of, topics_of
+from txstream.console.describe import describe, describe_dead_letter, describe_discard
+from txstream.console.entries import Source
+from txstream.console.feed import IndexFeed
+from txstream.console.index import MEMORY, Index
+from txstream.console.queries import EventRow
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.message import Decision, EndEvent
+from txstream.streaming.cli.options import (
+    add_kafka_arguments,
+    env,
+    format_ms,
+    settings_of,
+    topics_of,
+)
 from txstream.topics import Topics, validate_group
 from txstream.wire import encode_end
 

@@ -10,9 +10,9 @@ import argparse
 import time
 from typing import Any
 
-from streaming.cli import require_coordinator
-from streaming.cli.signals import interrupt_on_signals
 from txstream.broker import EmbeddedBroker
+from txstream.streaming.cli import require_coordinator
+from txstream.streaming.cli.signals import interrupt_on_signals
 
 __all__ = ["add_parser", "broker_command"]
 

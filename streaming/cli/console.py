@@ -14,10 +14,10 @@ import importlib.util
 import logging
 from typing import Any
 
-from streaming.cli.admin import add_index_argument, send_decision
-from streaming.cli.options import add_kafka_arguments, env, settings_of, topics_of
-from streaming.cli.signals import interrupt_on_signals
 from txstream.errors import ConfigError
+from txstream.streaming.cli.admin import add_index_argument, send_decision
+from txstream.streaming.cli.options import add_kafka_arguments, env, settings_of, topics_of
+from txstream.streaming.cli.signals import interrupt_on_signals
 
 __all__ = ["add_parser", "console_command"]
 
@@ -52,7 +52,7 @@ def _require_flask() -> None:
 
 def console_command(args: argparse.Namespace) -> int:
     _require_flask()
-    from console.server import ConsoleServer, default_index_path
+    from txstream.console.server import ConsoleServer, default_index_path
 
     settings, topics = settings_of(args), topics_of(args)
     token = args.admin_token or env("admin-token")

@@ -28,18 +28,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from state.policy import Policy
-from streaming.cli import require_coordinator
-from streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
-from streaming.cli.demo_report import HistoryWatch, format_progress, format_summary
-from streaming.cli.options import add_kafka_arguments, settings_of
-from streaming.cli.signals import interrupt_on_signals, reclaim_sigint
-from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
-from streaming.engine.coordinator import Coordinator
-from streaming.engine.session import stop_spark
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.message import Message
+from txstream.state.policy import Policy
+from txstream.streaming.cli import require_coordinator
+from txstream.streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
+from txstream.streaming.cli.demo_report import HistoryWatch, format_progress, format_summary
+from txstream.streaming.cli.options import add_kafka_arguments, settings_of
+from txstream.streaming.cli.signals import interrupt_on_signals, reclaim_sigint
+from txstream.streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
+from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.session import stop_spark
 from txstream.topics import Topics
 
 __all__ = ["add_parser", "demo_command", "EXPECTED"]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from client import (
+from txstream.client import (
     BoundedExecutor,
     ConsumeFromWhere,
     ConsumeStatus,

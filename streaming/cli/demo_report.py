@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streaming.cli.demo_clients import SeedListener
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, TopicReader
 from txstream.outputs import decode_history
+from txstream.streaming.cli.demo_clients import SeedListener
 from txstream.topics import Topics
 
 __all__ = ["Outcomes", "HistoryWatch", "format_progress", "format_summary",

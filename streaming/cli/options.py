@@ -16,19 +16,19 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from state.policy import Policy
-from streaming.cli.logs import LOG_FORMATS, configure_logging
-from streaming.engine.config import (
+from txstream.errors import ConfigError
+from txstream.kafka import KafkaSettings
+from txstream.kafka.properties import canonical_name, is_secret, read_properties
+from txstream.options import parse_bool
+from txstream.state.policy import Policy
+from txstream.streaming.cli.logs import LOG_FORMATS, configure_logging
+from txstream.streaming.engine.config import (
     DEFAULT_CHECKPOINT_ROOT,
     LOG_LEVELS,
     RunConfig,
     parse_duration_ms,
 )
-from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
-from txstream.errors import ConfigError
-from txstream.kafka import KafkaSettings
-from txstream.kafka.properties import canonical_name, is_secret, read_properties
-from txstream.options import parse_bool
+from txstream.streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
 from txstream.topics import Topics
 
 __all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of", "format_ms",

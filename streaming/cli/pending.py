@@ -1,5 +1,5 @@
 """``txstream pending --checkpoint-dir DIR``: the transactions the coordinator is waiting on,
-read from its state (:mod:`streaming.engine.state_reader`) without disturbing it."""
+read from its state (:mod:`txstream.streaming.engine.state_reader`) without disturbing it."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from streaming.cli import require_coordinator
-from streaming.cli.options import (
+from txstream.errors import ConfigError
+from txstream.streaming.cli import require_coordinator
+from txstream.streaming.cli.options import (
     add_spark_arguments,
     env,
     format_ms,
     set_log_level,
     spark_conf_of,
 )
-from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, check_driver_memory
-from txstream.errors import ConfigError
+from txstream.streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, check_driver_memory
 
 if TYPE_CHECKING:
-    from streaming.engine.state_reader import PendingRow
+    from txstream.streaming.engine.state_reader import PendingRow
 
 __all__ = ["add_parser", "pending_command", "format_table"]
 
@@ -73,8 +73,8 @@ def add_parser(sub: Any) -> None:
 
 def pending_command(args: argparse.Namespace) -> int:
     require_coordinator("txstream pending")
-    from streaming.engine.checkpoint import Checkpoint
-    from streaming.engine.session import build_session
+    from txstream.streaming.engine.checkpoint import Checkpoint
+    from txstream.streaming.engine.session import build_session
 
     set_log_level(args.log_level, args.log_format)
     memory = args.driver_memory or DEFAULT_DRIVER_MEMORY
@@ -98,7 +98,9 @@ def pending_command(args: argparse.Namespace) -> int:
     if batch is None:
         print(f"no committed batch in {location} yet: nothing is pending", file=note)
         return 0
-    from streaming.engine.state_reader import read_pending  # the state's code: numpy and all
+    from txstream.streaming.engine.state_reader import (
+        read_pending,  # the state's code: numpy and all
+    )
 
     try:
         rows = read_pending(spark, location, batch_id=batch)

@@ -8,16 +8,16 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from streaming.cli import require_coordinator
-from streaming.cli.logs import say
-from streaming.cli.options import add_run_arguments, config_from_args, set_log_level
-from streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
-from streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
-from streaming.engine.coordinator import Coordinator
-from streaming.engine.session import end_spark, on_jvm_signals, submitted
 from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
 from txstream.kafka import wait_for_broker
+from txstream.streaming.cli import require_coordinator
+from txstream.streaming.cli.logs import say
+from txstream.streaming.cli.options import add_run_arguments, config_from_args, set_log_level
+from txstream.streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
+from txstream.streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
+from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.session import end_spark, on_jvm_signals, submitted
 
 __all__ = ["add_parser", "run_command"]
 
@@ -69,8 +69,8 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
 def _serve_metrics(config: RunConfig, coordinator: Coordinator, args: argparse.Namespace,
                    stack: ExitStack) -> None:
     """``/metrics`` and ``/healthz`` on ``--metrics-port``, with the input lag watched."""
-    from streaming.engine.health import HealthThresholds
-    from streaming.engine.metrics import serve_coordinator
+    from txstream.streaming.engine.health import HealthThresholds
+    from txstream.streaming.engine.metrics import serve_coordinator
 
     try:
         thresholds = HealthThresholds(

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from client import (
+from txstream.client import (
     ConsumeFromWhere,
     ConsumeStatus,
     LocalTransactionState,
@@ -24,8 +24,8 @@ from client import (
     TransactionListener,
     TransactionProducer,
 )
-from streaming.cli.options import add_kafka_arguments, settings_of, topics_of
-from streaming.cli.signals import interrupt_on_signals
+from txstream.streaming.cli.options import add_kafka_arguments, settings_of, topics_of
+from txstream.streaming.cli.signals import interrupt_on_signals
 
 __all__ = ["add_parser", "produce_command", "consume_command", "format_message",
            "FixedListener"]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from streaming.cli.options import add_kafka_arguments, settings_of, topics_of
-from streaming.engine.config import parse_duration_ms
 from txstream.errors import ConfigError
 from txstream.kafka.provision import (
     EXISTS,
@@ -28,6 +26,8 @@ from txstream.kafka.provision import (
     deployment,
     topic_states,
 )
+from txstream.streaming.cli.options import add_kafka_arguments, settings_of, topics_of
+from txstream.streaming.engine.config import parse_duration_ms
 
 __all__ = ["add_parser", "topics_command", "deployment_of", "describe_needs"]
 

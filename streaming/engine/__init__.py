@@ -5,5 +5,5 @@
 core in ``state/``), ``checkpoint`` (what txstream keeps in the checkpoint), ``coordinator``
 (the life cycle), ``progress`` and ``metrics`` (what it did), ``state_reader`` (its pending
 transactions, read from the checkpoint), ``local_fs`` (checkpoint files without forks).
-Nothing here parses flags or prints: that is ``streaming.cli``.
+Nothing here parses flags or prints: that is ``txstream.streaming.cli``.
 """

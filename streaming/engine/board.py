@@ -1,13 +1,13 @@
 """The coordinator's metrics on the driver: the keys' summaries folded, batch by batch.
 
 Each completed micro-batch brings, in its observed metrics, the summary of every state key it
-ran (:mod:`streaming.engine.key_metrics`): counts and timings are added to the totals since
+ran (:mod:`txstream.streaming.engine.key_metrics`): counts and timings are added to the totals since
 this process started; what a key holds open replaces what it held before. A key's open
 transactions change only when the key runs, so the last summary of each key is exact, and
 their sum is the coordinator's pending set by producer group.
 
 After a restart no key has run yet: :func:`seed_from_state` reads each key's summary as of
-the last committed batch from the state (:func:`streaming.engine.state_reader.
+the last committed batch from the state (:func:`txstream.streaming.engine.state_reader.
 read_key_summaries`) once, before the query starts, with the input offsets that batch had
 read; every later summary replaces it. Until then the open counts are not known
 (:attr:`BoardView.open_known`), and the gauges built on them are left out rather than shown
@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sources.offsets import records_of
-from streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summary
-from streaming.engine.query import OBSERVATION
+from txstream.sources.offsets import records_of
+from txstream.streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summary
+from txstream.streaming.engine.query import OBSERVATION
 
 __all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state"]
 
@@ -161,8 +161,8 @@ class MetricsBoard:
 def seed_from_state(board: MetricsBoard, spark: Any, checkpoint_dir: str) -> None:
     """Seed ``board`` from the checkpoint's last committed batch (run before the query starts:
     every summary the query brings is then newer). A new checkpoint holds nothing open."""
-    from streaming.engine.checkpoint import Checkpoint
-    from streaming.engine.state_reader import read_key_summaries
+    from txstream.streaming.engine.checkpoint import Checkpoint
+    from txstream.streaming.engine.state_reader import read_key_summaries
 
     checkpoint = Checkpoint(spark, checkpoint_dir)
     batch = checkpoint.last_committed_batch()

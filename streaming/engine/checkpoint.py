@@ -7,7 +7,7 @@ Spark's ``CheckpointFileManager`` for atomic writes, so it lands where the check
 driver restarted on another host finds it.
 
 ``txstream.json`` records the state-key layout the checkpoint was started with: a
-transaction's state lives under the key :func:`state.keys.state_key` gives its id, and with
+transaction's state lives under the key :func:`txstream.state.keys.state_key` gives its id, and with
 another layout its end event would reach a key that never saw its half message. Spark cannot
 tell (the state's key is just a number), so txstream refuses to run against another layout.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from state.keys import KeyLayout
 from txstream.errors import ConfigError
+from txstream.state.keys import KeyLayout
 
 __all__ = ["Checkpoint", "LAYOUT_FILE", "pin_layout"]
 

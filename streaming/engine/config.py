@@ -1,7 +1,7 @@
 """The coordinator's configuration: one frozen dataclass, validated once, with RocketMQ's
 defaults where RocketMQ has one.
 
-The command line builds it (``streaming.cli.options``: flags and ``TXSTREAM_*`` variables);
+The command line builds it (``txstream.streaming.cli.options``: flags and ``TXSTREAM_*`` variables);
 everything else (the session, the source's and sink's options, the checkpoint) is derived
 from it.
 """
@@ -14,12 +14,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from state.keys import KeyLayout
-from state.policy import Policy
-from streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS, check_driver_memory
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.state.keys import KeyLayout
+from txstream.state.policy import Policy
+from txstream.streaming.engine.spark_settings import (
+    DEFAULT_DRIVER_MEMORY,
+    JIT_OPTIONS,
+    check_driver_memory,
+)
 from txstream.topics import Topics
 
 __all__ = [

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from streaming.engine.config import RunConfig
+from txstream.streaming.engine.config import RunConfig
 
 __all__ = ["Coordinator", "session_for", "half_retention_warning"]
 
@@ -20,7 +20,7 @@ _JVM_OUT_OF_MEMORY = 52
 
 def session_for(config: RunConfig, app_name: str = "txstream") -> Any:
     """The SparkSession ``config`` asks for (``getOrCreate``)."""
-    from streaming.engine.session import build_session
+    from txstream.streaming.engine.session import build_session
 
     return build_session(
         master=config.master,
@@ -75,8 +75,8 @@ class Coordinator:
         self.listener: Any = None
 
     def start(self) -> Coordinator:
-        from streaming.engine.progress import ProgressListener
         from txstream.kafka.provision import coordinator_topics, create_command, ensure_topics
+        from txstream.streaming.engine.progress import ProgressListener
 
         # Before Spark starts: a missing topic the broker may not auto-create is said in one
         # line, and those it may are created here, with their partitions and retention.
@@ -92,7 +92,7 @@ class Coordinator:
         self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         if self.config.metrics_port is not None:
-            from streaming.engine.board import seed_from_state
+            from txstream.streaming.engine.board import seed_from_state
 
             # Before the query: the pending gauges start from what the checkpoint holds.
             seed_from_state(self.listener.board, self.spark, self.config.checkpoint_dir)
@@ -102,7 +102,7 @@ class Coordinator:
 
     def start_query(self, spark: Any) -> Any:
         """Start the streaming query on ``spark``; returns the StreamingQuery."""
-        from streaming.engine.query import start_coordinator
+        from txstream.streaming.engine.query import start_coordinator
 
         return start_coordinator(spark, self.config)
 

@@ -1,12 +1,12 @@
 """What one state key did in one micro-batch, by label: the coordinator's metrics at their source.
 
 The operator runs once per state key per batch and emits one timer row per key
-(:func:`streaming.engine.records.timer_row`). That row also carries a :class:`KeyTally` of the
-call, as compact JSON in its ``value``: counts by metric and labels, histogram bucket counts,
+(:func:`txstream.streaming.engine.records.timer_row`). That row also carries a :class:`KeyTally` of
+the call, as compact JSON in its ``value``: counts by metric and labels, histogram bucket counts,
 and what the key holds open now (unresolved transactions by status and producer group, the
 oldest born time of a pending one). The query observes the list of these summaries per batch
 (``collect_list``, a few hundred small strings at most, not one per transaction), and the
-driver folds them (:mod:`streaming.engine.board`). Per-row labels cannot be aggregated with
+driver folds them (:mod:`txstream.streaming.engine.board`). Per-row labels cannot be aggregated with
 ``observe`` directly; per key they can, in the worker, for the price of a small dict
 (docs/decisions/0020-metrics.md).
 """
@@ -18,8 +18,10 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from state.bucket import Bucket
-from state.effects import (
+from txstream.message import Decision, EndEvent, Message
+from txstream.refusals import Code
+from txstream.state.bucket import Bucket
+from txstream.state.effects import (
     BodyLost,
     DeadLetter,
     Discard,
@@ -29,9 +31,7 @@ from state.effects import (
     Release,
     RequestCheck,
 )
-from state.transaction import Transaction
-from txstream.message import Decision, EndEvent, Message
-from txstream.refusals import Code
+from txstream.state.transaction import Transaction
 
 __all__ = ["BUCKETS_MS", "Counted", "Timed", "KeyTally", "OUTCOME", "KEY_SUMMARIES",
            "decode_summary"]

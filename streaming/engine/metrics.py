@@ -30,15 +30,15 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from streaming.engine.board import BATCH_DURATION, BoardView, MetricsBoard
-from streaming.engine.health import (
+from txstream.streaming.engine.board import BATCH_DURATION, BoardView, MetricsBoard
+from txstream.streaming.engine.health import (
     HealthCheck,
     HealthThresholds,
     LagWatch,
     query_problem,
 )
-from streaming.engine.key_metrics import BUCKETS_MS, Counted, Timed
-from streaming.engine.progress import CoordinatorStats
+from txstream.streaming.engine.key_metrics import BUCKETS_MS, Counted, Timed
+from txstream.streaming.engine.progress import CoordinatorStats
 
 __all__ = ["serve_metrics", "serve_coordinator", "MetricsServer", "StatsCollector",
            "BoardCollector", "MetricsSources", "COUNTER_HELP", "LABELLED_HELP",
@@ -253,7 +253,7 @@ def serve_coordinator(coordinator: Any, thresholds: HealthThresholds | None = No
     """``/metrics`` and ``/healthz`` of a started :class:`~streaming.engine.coordinator.
     Coordinator`, its input lag watched; ``port``/``host`` default to its config's. Closing
     the server stops the lag watch too."""
-    from streaming.engine.timers import schedule_file
+    from txstream.streaming.engine.timers import schedule_file
 
     config = coordinator.config
     thresholds = thresholds or HealthThresholds()

@@ -1,18 +1,19 @@
 """The ``applyInPandasWithState`` function: a thin adapter around the pure core.
 
 Per call (one state key, one micro-batch): decode the key's state and each record
-(:func:`sources.events.parse_event`); read back the bodies of the held half messages the call
-may write, to learn which are gone (:mod:`sources.bodies`: a body that is gone is told to the
-core before any event, so nothing claims a release it cannot make); apply the events; run the
+(:func:`txstream.sources.events.parse_event`); read back the bodies of the held half messages the
+call may write, to learn which are gone (:mod:`txstream.sources.bodies`: a body that is gone is told
+to the core before any event, so nothing claims a release it cannot make); apply the events; run the
 timers that are due (or due within ``Policy.timer_lead``; a discard only once the end topic has
 been read past when it became due: the query's event-time watermark, fed by the source's
 PROGRESS rows); encode the state back; arm the key's processing-time timeout at its earliest
 transaction deadline less that lead; and turn the core's effects into records to write, plus
 one timer row with the key's new timeout for the driver's timer schedule
-(:mod:`txstream.timer_schedule`) and the call's metrics (:mod:`streaming.engine.key_metrics`).
-``now`` is Spark's batch timestamp, and the watermark is the batch's, both kept by a replayed
-batch, so a replay emits what the first run emitted (with the same lead), under the same record
-ids (:func:`record_id`): that is what lets the sink skip what a crashed run already wrote.
+(:mod:`txstream.timer_schedule`) and the call's metrics
+(:mod:`txstream.streaming.engine.key_metrics`). ``now`` is Spark's batch timestamp, and the
+watermark is the batch's, both kept by a replayed batch, so a replay emits what the first run
+emitted (with the same lead), under the same record ids (:func:`record_id`): that is what lets the
+sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
@@ -23,14 +24,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sources.bodies import BodySource, gone_bodies
-from sources.events import Malformed, parse_event
-from state.bucket import Bucket
-from state.effects import Note
-from state.policy import Policy
-from state.transaction import BodyGone, Event
-from streaming.engine.key_metrics import Counted, KeyTally
-from streaming.engine.records import (
+from txstream.kafka import KafkaSettings
+from txstream.message import MAX_BODY_BYTES, Decision, EndEvent
+from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.refusals import Code
+from txstream.schema import EventKind, EventRow
+from txstream.sources.bodies import BodySource, gone_bodies
+from txstream.sources.events import Malformed, parse_event
+from txstream.spark_worker import settle
+from txstream.state.bucket import Bucket
+from txstream.state.effects import Note
+from txstream.state.policy import Policy
+from txstream.state.transaction import BodyGone, Event
+from txstream.streaming.engine.key_metrics import Counted, KeyTally
+from txstream.streaming.engine.records import (
     Emit,
     coordinator_tag,
     dead_letter_of_record,
@@ -41,12 +48,6 @@ from streaming.engine.records import (
     records_for,
     timer_row,
 )
-from txstream.kafka import KafkaSettings
-from txstream.message import MAX_BODY_BYTES, Decision, EndEvent
-from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
-from txstream.refusals import Code
-from txstream.schema import EventKind, EventRow
-from txstream.spark_worker import settle
 from txstream.topics import Topics
 
 __all__ = ["coordinator_function", "in_replay_order", "ends_read_of"]

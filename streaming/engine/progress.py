@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
-from streaming.engine.board import MetricsBoard
+from txstream.streaming.engine.board import MetricsBoard
 
 __all__ = ["CoordinatorStats", "JsonProgressListener", "ProgressListener", "COUNTERS",
            "format_batch"]

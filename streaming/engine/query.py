@@ -26,17 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sinks.kafka_sink import SinkOptions
-from sources.kafka_io import SourceOptions
-from streaming.engine.checkpoint import Checkpoint, pin_layout
-from streaming.engine.config import RunConfig
-from streaming.engine.key_metrics import KEY_SUMMARIES
-from streaming.engine.operator import coordinator_function
-from streaming.engine.timers import restore_schedule
 from txstream.options import to_options
 from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
+from txstream.sinks.kafka_sink import SinkOptions
+from txstream.sources.kafka_io import SourceOptions
+from txstream.streaming.engine.checkpoint import Checkpoint, pin_layout
+from txstream.streaming.engine.config import RunConfig
+from txstream.streaming.engine.key_metrics import KEY_SUMMARIES
+from txstream.streaming.engine.operator import coordinator_function
+from txstream.streaming.engine.timers import restore_schedule
 
-__all__ = ["event_stream", "stateful_outputs", "record_writer", "build_stream",
+__all__ = ["register", "event_stream", "stateful_outputs", "record_writer", "build_stream",
            "prepare_checkpoint", "start_coordinator", "OBSERVATION", "KEY_SUMMARIES"]
 
 OBSERVATION = "txstream"
@@ -75,13 +75,20 @@ def _observed_metrics() -> list[Any]:
     ]
 
 
+def register(spark: Any) -> None:
+    """Register ``txstream-events`` and ``txstream-records`` on ``spark`` (per session)."""
+    from txstream.sinks.kafka_sink import KafkaRecordSink
+    from txstream.sources.kafka_source import KafkaEventSource
+
+    spark.dataSource.register(KafkaEventSource)
+    spark.dataSource.register(KafkaRecordSink)
+
+
 def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The half and end topics as a stream of ``EventRow`` (``txstream-events``), with the
     progress time as its watermark; with a ``timer_file``, a batch also runs when a timer in
     it is due."""
-    from sources.kafka_source import register
-
-    register(spark)  # both data sources: the events source and the records sink
+    register(spark)
     options = SourceOptions(
         kafka=config.kafka,
         half_topic=config.topics.half,

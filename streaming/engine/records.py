@@ -16,8 +16,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from sources.events import Malformed
-from state.effects import BodyLost, DeadLetter, Discard, Effect, Note, Release, RequestCheck
 from txstream.message import EndEvent, Message
 from txstream.outputs import (
     KAFKA_MAX_MESSAGE_BYTES,
@@ -29,6 +27,16 @@ from txstream.outputs import (
 )
 from txstream.refusals import Code
 from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, OutputRow
+from txstream.sources.events import Malformed
+from txstream.state.effects import (
+    BodyLost,
+    DeadLetter,
+    Discard,
+    Effect,
+    Note,
+    Release,
+    RequestCheck,
+)
 from txstream.topics import Topics
 from txstream.wire import (
     H,
@@ -110,7 +118,8 @@ def _body_lost(message: Message, instead_of: str, reason: str, topics: Topics,
 
 def body_at(message: Message) -> tuple[int, int] | None:
     """Where the body of a half message the state holds without it lies in the half topic
-    (``state.bucket``: bodies stay in the topic); None when the message carries its body."""
+    (``txstream.state.bucket``: bodies stay in the topic); None when the message carries its
+    body."""
     if message.body is None and message.queue_id is not None and message.queue_offset is not None:
         return message.queue_id, message.queue_offset
     return None
@@ -170,7 +179,7 @@ def history_rows(notes: list[Note], key: int, topics: Topics,
 def timer_row(key: int, timeout_ms: int | None, summary: bytes | None = None) -> Emit:
     """The key's processing-time timeout as Spark armed it (None: no timer), for the sink to
     fold into the timer schedule, and in its value the key's metrics of the call
-    (:mod:`streaming.engine.key_metrics`), which the query observes; it is no record and
+    (:mod:`txstream.streaming.engine.key_metrics`), which the query observes; it is no record and
     takes no record number."""
     return Emit(Kind.TIMER, Record("", str(key).encode("ascii"), summary),
                 not_before_ms=timeout_ms)

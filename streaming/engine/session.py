@@ -1,8 +1,8 @@
 """The SparkSession txstream runs in: txstream's settings where the user set none.
 
 What the user gives wins: ``spark-submit --conf`` and ``--driver-memory``, ``spark-defaults.conf``
-and ``txstream run --conf``. txstream's own values (``streaming.engine.spark_settings``) fill
-the keys left unset; the JVM options, the driver's class path and the Python warning filters
+and ``txstream run --conf``. txstream's own values (``txstream.streaming.engine.spark_settings``)
+fill the keys left unset; the JVM options, the driver's class path and the Python warning filters
 are extended rather than replaced.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streaming.engine.local_fs import no_fork_fs_jar
-from streaming.engine.spark_settings import (
+from txstream.streaming.engine.local_fs import no_fork_fs_jar
+from txstream.streaming.engine.spark_settings import (
     DEFAULT_DRIVER_MEMORY,
     PANDAS_WARNING_FILTER,
     defaults_file_settings,

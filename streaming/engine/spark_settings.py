@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from streaming.engine.local_fs import NO_FORK_FS_CLASS
+from txstream.streaming.engine.local_fs import NO_FORK_FS_CLASS
 
 __all__ = ["tuned_settings", "merge_settings", "defaults_file_settings", "parse_properties",
            "with_no_fork_fs", "check_driver_memory", "gc_options", "java_options",

@@ -1,9 +1,9 @@
 """The coordinator's pending transactions, read from its own state.
 
 Spark's state data source (``spark.read.format("statestore")``) gives one row per state key
-(:mod:`state.keys`), its value the ``applyInPandasWithState`` state ``blob`` =
-:meth:`state.bucket.Bucket.encode`. The source reads the last *committed* batch, so this works
-while the coordinator runs (it never sees a half-written batch) and after it stopped; the
+(:mod:`txstream.state.keys`), its value the ``applyInPandasWithState`` state ``blob`` =
+:meth:`txstream.state.bucket.Bucket.encode`. The source reads the last *committed* batch, so this
+works while the coordinator runs (it never sees a half-written batch) and after it stopped; the
 coordinator is not disturbed.
 """
 
@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from state.bucket import Bucket
-from state.transaction import Transaction
+from txstream.state.bucket import Bucket
+from txstream.state.transaction import Transaction
 
 __all__ = ["PendingRow", "read_pending", "read_key_summaries"]
 
@@ -77,9 +77,9 @@ def _state_rows(spark: Any, checkpoint_dir: str, batch_id: int | None) -> list[A
 def read_key_summaries(spark: Any, checkpoint_dir: str, batch_id: int | None = None
                        ) -> list[str]:
     """What each state key holds open as of a committed batch, as the operator's summaries
-    (:meth:`streaming.engine.key_metrics.KeyTally.summary`, no counts): the metrics board's
+    (:meth:`txstream.streaming.engine.key_metrics.KeyTally.summary`, no counts): the metrics board's
     seed after a restart."""
-    from streaming.engine.key_metrics import KeyTally
+    from txstream.streaming.engine.key_metrics import KeyTally
 
     out = []
     for r in _state_rows(spark, checkpoint_dir, batch_id):

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from streaming.engine.checkpoint import Checkpoint
+from txstream.streaming.engine.checkpoint import Checkpoint
 from txstream.timer_schedule import Schedule
 
 __all__ = ["schedule_file", "restore_schedule"]

@@ -6,7 +6,7 @@ the group's producers) and sends the end event; its check listener answers **by 
 id** from that record: an id it has no record of never ran its local transaction (a send it
 was told failed, a producer that died first) and is rolled back. The records are the wire
 format's (``txstream.wire``), written straight into the in-memory broker; which check requests
-a group answers is the client's own rule (``client.check_choice``).
+a group answers is the client's own rule (``txstream.client.check_choice``).
 
 What the seed varies here: each transaction's outcome and timings, end events before their
 half messages, duplicated records, producers that die between the half message and the end
@@ -22,9 +22,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.check_choice import CheckChoice, Fetched
-from client.consume_service import decode
-from client.dedup import DedupCache
+from txstream.client.check_choice import CheckChoice, Fetched
+from txstream.client.consume_service import decode
+from txstream.client.dedup import DedupCache
 from txstream.errors import MalformedRecord
 from txstream.message import Decision, EndEvent, Message
 from txstream.outputs import decode_check
@@ -250,7 +250,7 @@ class Producers:
 
 class Consumer:
     """A push consumer of every real topic: decoded as the client decodes a released record,
-    duplicates dropped by message id (``client.dedup``), everything else delivered."""
+    duplicates dropped by message id (``txstream.client.dedup``), everything else delivered."""
 
     def __init__(self, world: Any, topics: list[str]) -> None:
         self.world = world

@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from console.entries import Entry, Source, entries_of
-from console.fold import Status as ConsoleStatus
-from console.fold import TxRow, fold
-from streaming.engine.key_metrics import Counted, decode_summary
+from txstream.console.entries import Entry, Source, entries_of
+from txstream.console.fold import Status as ConsoleStatus
+from txstream.console.fold import TxRow, fold
 from txstream.headers import header_dict
 from txstream.message import Decision
 from txstream.outputs import decode_history
 from txstream.refusals import Code
 from txstream.schema import Kind
+from txstream.streaming.engine.key_metrics import Counted, decode_summary
 from txstream.wire import H
 
 from sim.actors import Ledger

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sinks.kafka_sink import SinkOptions
-from sources.kafka_io import SourceOptions
-from state.keys import KeyLayout
-from state.policy import Policy
-from streaming.engine.operator import coordinator_function
 from txstream.errors import TxStreamError
 from txstream.message import Decision, EndEvent
+from txstream.sinks.kafka_sink import SinkOptions
+from txstream.sources.kafka_io import SourceOptions
+from txstream.state.keys import KeyLayout
+from txstream.state.policy import Policy
+from txstream.streaming.engine.operator import coordinator_function
 from txstream.wire import encode_end
 
 from sim.actors import Consumer, Producers, TxPlan

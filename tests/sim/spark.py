@@ -1,6 +1,6 @@
 """What Spark does around the coordinator's code, reduced to the contract the code relies on.
 
-Structured Streaming's micro-batch loop, as :mod:`streaming.engine.query` uses it:
+Structured Streaming's micro-batch loop, as :mod:`txstream.streaming.engine.query` uses it:
 
 - **planning**: the source's ``latestOffset(start, limit)`` on the driver; no batch when the
   offset did not move (no-data batches are off). The planned offsets, the batch's time and the
@@ -39,12 +39,12 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BinaryType, Row, StructField, StructType
 from pyspark.taskcontext import TaskContext
 
-from sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_batches
-from sources.event_rows import arrow_schema, event_struct
-from sources.kafka_io import SourceOptions
-from sources.kafka_source import KafkaEventReader
-from state.keys import spark_partition
 from txstream.schema import EventRow, Kind
+from txstream.sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_batches
+from txstream.sources.event_rows import arrow_schema, event_struct
+from txstream.sources.kafka_io import SourceOptions
+from txstream.sources.kafka_source import KafkaEventReader
+from txstream.state.keys import spark_partition
 from txstream.timer_schedule import Schedule
 
 __all__ = ["SparkModel", "BatchReport", "SimCrash"]
@@ -122,8 +122,8 @@ class SparkModel:
     # --- runs and checkpoints ------------------------------------------------------------
 
     def _start_run(self) -> None:
-        from sources.kafka_io import _PATIENT
         from txstream.kafka.clients import clear_cached_clients
+        from txstream.sources.kafka_io import _PATIENT
 
         clear_cached_clients()  # a new process: no client survives
         _PATIENT.clear()
@@ -156,7 +156,7 @@ class SparkModel:
         return {int(p): int(o) for p, o in self.log[self.committed].end.get(topic, {}).items()}
 
     def _restore_schedule(self) -> None:
-        """``streaming.engine.timers.restore_schedule``: the file is a cache of the state's
+        """``txstream.streaming.engine.timers.restore_schedule``: the file is a cache of the state's
         timeouts; one that does not reflect the last committed batch is rebuilt from them."""
         if self.committed is None:
             self.timer_file.unlink(missing_ok=True)

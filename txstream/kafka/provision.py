@@ -22,7 +22,7 @@ from typing import Any
 from txstream.errors import BrokerUnavailable, ConfigError
 from txstream.kafka.clients import make_admin
 from txstream.kafka.settings import KafkaSettings
-from txstream.topics import Topics, validate_topic
+from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, Topics, validate_topic
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -176,9 +176,6 @@ def topic_spec(kind: str, name: str, *, writers: Sequence[str] = (), readers: Se
 
 
 def _consumer_topics(prefix: str, group: str) -> tuple[str, str]:
-    # The push consumer's own naming (client.retry); imported here, as client/ imports this.
-    from client.retry import DLQ_PREFIX, RETRY_PREFIX
-
     return f"{prefix}{RETRY_PREFIX}{group}", f"{prefix}{DLQ_PREFIX}{group}"
 
 

@@ -1,7 +1,7 @@
 """Reading the index: transactions by status, group and text, a timeline, the refused records.
 
-Every query is one SQL statement over the indexes of :mod:`console.index` (by transaction id,
-message id, business key, status and group), so an answer takes milliseconds however much
+Every query is one SQL statement over the indexes of :mod:`txstream.console.index` (by transaction
+id, message id, business key, status and group), so an answer takes milliseconds however much
 history the index holds.
 """
 
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from console.entries import Source
-from console.fold import COLUMNS, Status, TxRow
+from txstream.console.entries import Source
+from txstream.console.fold import COLUMNS, Status, TxRow
 
 __all__ = ["EventRow", "TxQuery", "Queries", "SORTS", "REFUSED_SOURCES"]
 
@@ -104,7 +104,7 @@ def _where(query: TxQuery) -> tuple[str, list[Any]]:
 
 
 class Queries:
-    """The index's read side; :class:`console.index.Index` adds the write side."""
+    """The index's read side; :class:`txstream.console.index.Index` adds the write side."""
 
     def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
         self._db = db

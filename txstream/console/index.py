@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from console.entries import Entry
-from console.fold import COLUMNS, TxRow, fold, keys_of
-from console.queries import Queries
+from txstream.console.entries import Entry
+from txstream.console.fold import COLUMNS, TxRow, fold, keys_of
+from txstream.console.queries import Queries
 from txstream.errors import ConfigError
 
 __all__ = ["Index", "SCHEMA_VERSION", "MEMORY"]

@@ -3,7 +3,7 @@
 ``send_message_in_transaction`` writes the half message and waits for the broker to store it,
 runs the local transaction only then, and writes the end event, waiting for its
 acknowledgement too (RocketMQ sends it one-way). While started, the producer answers the
-coordinator's back-checks for its group (:mod:`client.checker`).
+coordinator's back-checks for its group (:mod:`txstream.client.checker`).
 
 A half message whose acknowledgement did not come may have been stored all the same
 (:class:`SendInDoubt`): a listener answers its back-check by transaction id, and finds none,
@@ -21,10 +21,10 @@ from enum import Enum
 from types import TracebackType
 from typing import Any
 
-from client.checker import CheckResponder
-from client.executor import BoundedExecutor
-from client.listener import LocalTransactionState, TransactionListener, call_for_state
-from client.options import (
+from txstream.client.checker import CheckResponder
+from txstream.client.executor import BoundedExecutor
+from txstream.client.listener import LocalTransactionState, TransactionListener, call_for_state
+from txstream.client.options import (
     new_message_id,
     now_ms,
     producer_options,
@@ -32,8 +32,8 @@ from client.options import (
     resolve_topics,
     timeout_ms,
 )
-from client.send_errors import not_sent, send_failure
-from client.validate import validate_message
+from txstream.client.send_errors import not_sent, send_failure
+from txstream.client.validate import validate_message
 from txstream.errors import ClientStateError, SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.kafka.provision import ensure_check_topic
@@ -102,7 +102,7 @@ class TransactionProducer:
       ``kafka`` (a :class:`KafkaSettings`) or its pieces (``security_protocol``,
       ``sasl_mechanism``, ``sasl_username``, ``sasl_password``, ``ssl_cafile``, ...), a
       properties file ``kafka_config`` and ``kafka_properties`` (any Kafka client property by
-      Kafka's name; see :func:`client.options.resolve_settings` for which wins);
+      Kafka's name; see :func:`txstream.client.options.resolve_settings` for which wins);
       ``topics`` (a :class:`Topics`) or ``topic_prefix``: the coordinator's system topics;
       ``send_timeout_s`` (3, RocketMQ's sendMsgTimeout): wait for each acknowledgement;
       ``connect_timeout_s`` (10): ``start()`` raises BrokerUnavailable after this;

@@ -68,7 +68,7 @@ def new_message_id() -> str:
     ``UNIQ_KEY``, and a UUIDv7 (RFC 9562): the millisecond it was made in, then 74 random bits.
 
     Random, so producers on many hosts need no coordination; timed, because the coordinator
-    keys its state by that time (:mod:`state.keys`) and so holds each key only briefly.
+    keys its state by that time (:mod:`txstream.state.keys`) and so holds each key only briefly.
     """
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")

@@ -11,9 +11,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from console.feed import Feeder, IndexFeed
-from console.index import Index
-from console.web import Resolver, create_app
+from txstream.console.feed import Feeder, IndexFeed
+from txstream.console.index import Index
+from txstream.console.web import Resolver, create_app
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics

@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any
 
-from console.entries import Source
-from console.queries import EventRow
+from txstream.console.entries import Source
+from txstream.console.queries import EventRow
 from txstream.wire import H
 
 __all__ = ["describe", "describe_event", "describe_discard", "describe_dead_letter",

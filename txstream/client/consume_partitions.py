@@ -21,9 +21,9 @@ from typing import Any
 from kafka import AsyncConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from client.consume_pool import Job
-from client.offsets import OffsetTracker
-from client.retry_hold import HeldRetries
+from txstream.client.consume_pool import Job
+from txstream.client.offsets import OffsetTracker
+from txstream.client.retry_hold import HeldRetries
 from txstream.errors import SendFailed
 
 __all__ = ["Partitions", "Rebalance", "commit_map", "wait_jobs"]

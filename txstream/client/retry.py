@@ -16,8 +16,6 @@ from txstream.errors import ConfigError
 from txstream.wire import H, Headers, Record
 
 __all__ = [
-    "RETRY_PREFIX",
-    "DLQ_PREFIX",
     "ROCKETMQ_DELAYS_S",
     "RetryHeaders",
     "Subscription",
@@ -28,8 +26,6 @@ __all__ = [
     "due_ms",
 ]
 
-RETRY_PREFIX = "TXSTREAM_RETRY_"
-DLQ_PREFIX = "TXSTREAM_DLQ_"
 
 # RocketMQ's delay levels 3..18, the ones its 16 reconsume attempts use.
 ROCKETMQ_DELAYS_S: tuple[float, ...] = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from console.entries import Entry, Source
+from txstream.console.entries import Entry, Source
 from txstream.wire import H
 
 __all__ = ["Status", "TxRow", "COLUMNS", "fold", "keys_of"]

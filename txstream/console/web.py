@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 from flask import Flask, abort, jsonify, redirect, render_template, request, url_for
 
-from console.describe import describe_event, format_ms
-from console.feed import FeederStatus
-from console.fold import Status, TxRow, keys_of
-from console.index import Index
-from console.queries import SORTS, EventRow, TxQuery
+from txstream.console.describe import describe_event, format_ms
+from txstream.console.feed import FeederStatus
+from txstream.console.fold import Status, TxRow, keys_of
+from txstream.console.index import Index
+from txstream.console.queries import SORTS, EventRow, TxQuery
 from txstream.errors import TxStreamError
 from txstream.message import Decision
 
@@ -37,7 +37,7 @@ _MAX_REASON_CHARS = 300
 
 
 class Resolver(Protocol):
-    """Writes an operator's decision (``streaming.cli.admin.send_decision``, bound to the
+    """Writes an operator's decision (``txstream.streaming.cli.admin.send_decision``, bound to the
     console's Kafka settings and topics); returns where it was written."""
 
     def __call__(self, txid: str, decision: Decision, operator: str, reason: str | None

@@ -5,7 +5,7 @@ request reaches one of them. A request is answered on the check executor; its of
 committed only once the answer (an end event with ``from_check``) was acknowledged by the
 broker. A request whose answer failed, or that the full executor refused, is fetched again.
 
-A request that is superseded is not answered (the rule: :mod:`client.check_choice`): one
+A request that is superseded is not answered (the rule: :mod:`txstream.client.check_choice`): one
 past its ``CHECK_VALID_UNTIL`` by more than ``grace_ms`` on the coordinator's clock (the
 newest request timestamp read), or one older than a request for the same transaction read
 with it or before it. The producer's own clock decides nothing; one that differs from the
@@ -29,8 +29,8 @@ from typing import Any
 from kafka import AsyncConsumerRebalanceListener, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from client.check_choice import CheckChoice, Fetched, Verdict
-from client.offsets import OffsetTracker
+from txstream.client.check_choice import CheckChoice, Fetched, Verdict
+from txstream.client.offsets import OffsetTracker
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer
 from txstream.message import Message

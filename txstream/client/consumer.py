@@ -2,14 +2,15 @@
 
 One thread polls the Kafka consumer (kafka-python's consumer is not thread-safe) and hands
 batches of up to ``consume_batch_max_size`` messages to a thread pool, as Java's
-``ConsumeMessageConcurrentlyService`` does (:mod:`client.consume_service`).
+``ConsumeMessageConcurrentlyService`` does (:mod:`txstream.client.consume_service`).
 
 At-least-once: a partition's offset is committed only up to its lowest message not yet
 consumed, filtered out, dropped as a duplicate or durably handed to the retry or dead-letter
-topic (:mod:`client.offsets`); a message consumed out of order never lets an earlier one's
+topic (:mod:`txstream.client.offsets`); a message consumed out of order never lets an earlier one's
 offset be committed. A failed message does not hold up its partition: it comes back from the
-group's retry topic after its delay (:mod:`client.retry`). A retry record read before it is
-due is held until it is, while the records behind it are read on (:mod:`client.retry_hold`).
+group's retry topic after its delay (:mod:`txstream.client.retry`). A retry record read before it is
+due is held until it is, while the records behind it are read on
+(:mod:`txstream.client.retry_hold`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,24 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from client.consume_from import ConsumeFromWhere, StartPositions
-from client.consume_partitions import Partitions, Rebalance, commit_map, wait_jobs
-from client.consume_pool import ConsumePool
-from client.consume_service import ConsumeService, Item, decode
-from client.dedup import DedupCache
-from client.listener import MessageListener
-from client.offsets import OffsetTracker
-from client.options import check_counts, now_ms, producer_options, resolve_settings, timeout_ms
-from client.retry import DLQ_PREFIX, RETRY_PREFIX, Subscription, due_ms, retry_delays
+from txstream.client.consume_from import ConsumeFromWhere, StartPositions
+from txstream.client.consume_partitions import Partitions, Rebalance, commit_map, wait_jobs
+from txstream.client.consume_pool import ConsumePool
+from txstream.client.consume_service import ConsumeService, Item, decode
+from txstream.client.dedup import DedupCache
+from txstream.client.listener import MessageListener
+from txstream.client.offsets import OffsetTracker
+from txstream.client.options import (
+    check_counts,
+    now_ms,
+    producer_options,
+    resolve_settings,
+    timeout_ms,
+)
+from txstream.client.retry import Subscription, due_ms, retry_delays
 from txstream.errors import ClientStateError, ConfigError, MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
-from txstream.topics import validate_group, validate_topic
+from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, validate_group, validate_topic
 from txstream.wire import header_dict
 
 __all__ = ["PushConsumer"]
@@ -56,7 +63,7 @@ class PushConsumer:
     consumed is this far behind the newest taken (a retry record held is requeued instead);
     ``consume_from_where`` (``CONSUME_FROM_LAST_OFFSET``) and ``consume_timestamp`` (epoch
     ms; default half an hour before start, as Java): where the group starts reading a
-    partition it has no committed offset for (:mod:`client.consume_from`);
+    partition it has no committed offset for (:mod:`txstream.client.consume_from`);
     ``drain_timeout_s`` (30): how long shutdown waits for the listener calls running;
     ``dedup_capacity`` / ``dedup_ttl_s`` (100000 ids / 1 h); ``send_timeout_s``;
     ``connect_timeout_s``; ``poll_timeout_s``.

@@ -1,6 +1,7 @@
 """RocketMQ's transactional-message client API, over Kafka and the txstream coordinator.
 
->>> from client import Message, TransactionProducer, TransactionListener, LocalTransactionState
+>>> from txstream.client import Message, TransactionProducer, TransactionListener,
+LocalTransactionState
 >>> producer = TransactionProducer("my_group", "127.0.0.1:9092", MyListener()).start()
 >>> result = producer.send_message_in_transaction(Message("TopicTest", b"hello", tags="TagA"))
 >>> producer.shutdown()
@@ -11,18 +12,18 @@ format) and :mod:`txstream.kafka` (client construction).
 
 from __future__ import annotations
 
-from client.consume_from import ConsumeFromWhere
-from client.consumer import PushConsumer
-from client.dedup import DedupCache
-from client.executor import BoundedExecutor, RejectedExecution
-from client.listener import (
+from txstream.client.consume_from import ConsumeFromWhere
+from txstream.client.consumer import PushConsumer
+from txstream.client.dedup import DedupCache
+from txstream.client.executor import BoundedExecutor, RejectedExecution
+from txstream.client.listener import (
     ConsumeStatus,
     LocalTransactionState,
     MessageListener,
     TransactionListener,
 )
-from client.producer import SendStatus, TransactionProducer, TransactionSendResult
-from client.retry import DLQ_PREFIX, RETRY_PREFIX, Subscription
+from txstream.client.producer import SendStatus, TransactionProducer, TransactionSendResult
+from txstream.client.retry import Subscription
 from txstream.errors import (
     BrokerUnavailable,
     ClientStateError,
@@ -34,7 +35,7 @@ from txstream.errors import (
 )
 from txstream.kafka import KafkaSettings
 from txstream.message import MAX_BODY_BYTES, Message
-from txstream.topics import Topics
+from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, Topics
 
 __all__ = [
     "MAX_BODY_BYTES",

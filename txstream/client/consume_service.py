@@ -16,11 +16,11 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from client.dedup import DedupCache
-from client.listener import ConsumeStatus, MessageListener
-from client.offsets import OffsetTracker
-from client.options import now_ms
-from client.retry import RetryHeaders, dead_letter_record, retry_delay_s, retry_record
+from txstream.client.dedup import DedupCache
+from txstream.client.listener import ConsumeStatus, MessageListener
+from txstream.client.offsets import OffsetTracker
+from txstream.client.options import now_ms
+from txstream.client.retry import RetryHeaders, dead_letter_record, retry_delay_s, retry_record
 from txstream.errors import MalformedRecord, SendFailed
 from txstream.message import Message
 from txstream.outputs import decode_visible
