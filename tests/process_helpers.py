@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["descendants", "CoordinatorProcess", "SHADOWED", "application_directory", "S3Server", "batch_ids", "in_flight_batch",
-           "script_process", "pause"]
+__all__ = ["descendants", "CoordinatorProcess", "SHADOWED", "application_directory", "S3Server",
+           "batch_ids", "in_flight_batch", "script_process", "pause"]
 
 REPO = Path(__file__).resolve().parent.parent
 
