@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from txstream.broker import free_port
-
+from ports import reserve_port
 from process_helpers import CoordinatorProcess, descendants
 
 __all__ = ["SPARK_HOME", "StandaloneCluster", "submit_command", "executor_pids", "ui_json"]
@@ -42,7 +41,7 @@ class StandaloneCluster:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port, self.ui_port, self.worker_ui_port = free_port(), free_port(), free_port()
+        self.port, self.ui_port, self.worker_ui_port = (reserve_port() for _ in range(3))
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property

@@ -1,12 +1,21 @@
-"""Shared fixtures: one real tansu broker and one local SparkSession per test session."""
+"""Shared fixtures: one real tansu broker and one local SparkSession per test session (per
+xdist worker), and the tiers.
+
+A test's tier comes from the fixtures it uses, never from a marker written by hand: asking for
+``spark``, ``coordinator_processes``, ``broker``/``kafka`` or ``cluster`` marks it ``spark``,
+``kafka`` or ``cluster``. A test without them that still starts Spark, a coordinator process
+or a broker fails and says which fixture to use, so nothing slow leaks into ``make test-fast``
+(``-m fast``: no Spark, no broker).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +25,70 @@ from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
 
+from ports import reserve_port
+
+# Fixture -> the marker it gives every test that uses it (directly or through other fixtures).
+FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": "cluster",
+                 "broker": "kafka", "kafka": "kafka", "own_broker": "kafka"}
+# Markers of tests that need Spark or a broker: the fast tier is everything else.
+SLOW_MARKS = {"spark", "kafka", "cluster", "crash", "soak"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, mark in FIXTURE_MARKS.items():
+            if fixture in names:
+                item.add_marker(mark)
+        if not {m.name for m in item.iter_markers()} & SLOW_MARKS:
+            item.add_marker("fast")
+
+
+def _refuse(what: str, fixture: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"this test starts {what} without the {fixture!r} fixture: use it, "
+                           "so the test is marked for its tier (tests/conftest.py)")
+    return refuse
+
+
+# Commands that start Spark, a coordinator or a broker (``txstream pending``, ``produce``, ...
+# and plain ``python -c`` scripts are fine in the fast tier).
+_HEAVY = ({"txstream.streaming.cli", "txstream"}, {"run", "demo", "broker", "bench", "console"})
+
+
+def _heavy(args: Any) -> bool:
+    words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    names = [w.rsplit("/", 1)[-1] for w in words]
+    if any(n in ("spark-submit", "spark-class") or n.startswith("tansu") for n in names):
+        return True
+    for i, word in enumerate(words[:-1]):
+        if (word in _HEAVY[0] or names[i] == "txstream") and words[i + 1] in _HEAVY[1]:
+            return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _tier_walls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast test cannot start Spark, a coordinator or a broker, in its process or another."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", _refuse("Spark", "spark"))
+    monkeypatch.setattr(EmbeddedBroker, "start", _refuse("a tansu broker", "broker"))
+    popen = subprocess.Popen.__init__
+
+    def checked(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _heavy(args):
+            _refuse(f"{' '.join(map(str, args))!r}", "coordinator_processes")()
+        popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker() as b:
+    with EmbeddedBroker(port=reserve_port()) as b:
         yield b
 
 
@@ -37,6 +106,41 @@ def spark():
     for query in session.streams.active:
         query.stop()
     session.stop()
+
+
+@pytest.fixture
+def own_broker() -> Iterator[Callable[..., EmbeddedBroker]]:
+    """Brokers of the test's own (to stop, pause or lose), stopped after it:
+    ``own_broker(**EmbeddedBroker options)``, not yet started."""
+    made: list[EmbeddedBroker] = []
+
+    def make(**options: Any) -> EmbeddedBroker:
+        made.append(EmbeddedBroker(**{"port": reserve_port(), **options}))
+        return made[-1]
+
+    yield make
+    for broker in made:
+        broker.stop()
+
+
+@pytest.fixture
+def coordinator_processes(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Coordinator processes of the test (``python -m txstream.streaming.cli ARGS``), ended
+    after it: ``coordinator_processes(args, **CoordinatorProcess options)``, not yet started.
+    Also the way to run a short command that may start Spark: ``.run(args)``."""
+    from process_helpers import CoordinatorProcess
+
+    made: list[CoordinatorProcess] = []
+
+    def make(args: list[str], log_path: Path | None = None, **options: Any) -> CoordinatorProcess:
+        log = log_path or tmp_path / f"coordinator-{len(made)}.log"
+        made.append(CoordinatorProcess(args, log, **options))
+        return made[-1]
+
+    yield make
+    for process in made:
+        if process.proc is not None:
+            process.terminate()
 
 
 @pytest.fixture

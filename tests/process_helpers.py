@@ -195,9 +195,9 @@ class S3Server:
     ``s3://`` storage, so a broker restart keeps its data."""
 
     def __init__(self, log_path: Path) -> None:
-        from txstream.broker import free_port
+        from ports import reserve_port
 
-        self.port = free_port()
+        self.port = reserve_port()
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -288,13 +288,13 @@ def test_bodies_in_a_partition_the_recreated_half_topic_lacks_are_gone_at_once(
     assert took < 10, f"took {took:.1f} s: a read waited for a partition that is not there"
 
 
-def test_an_unreachable_broker_fails_the_read_and_reports_nothing_gone(unique: str) -> None:
+def test_an_unreachable_broker_fails_the_read_and_reports_nothing_gone(
+        unique: str, own_broker: Callable[..., Any]) -> None:
     """The batch runs again later: no body may be called gone because the broker is down."""
-    from txstream.broker import EmbeddedBroker
     from txstream.errors import SendFailed
 
     topics = Topics.with_prefix(f"{unique}_")
-    with EmbeddedBroker() as broker:
+    with own_broker() as broker:
         # Clients give up connecting after 2 s (not 30), so that the failure comes soon.
         kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers,
                               extra={"bootstrap_timeout_ms": 2000})

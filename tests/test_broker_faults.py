@@ -7,16 +7,15 @@ coordinator can recover records that no longer exist.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from txstream.broker import EmbeddedBroker, free_port
+from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.state.policy import Policy
@@ -25,24 +24,29 @@ from txstream.streaming.engine.coordinator import Coordinator
 from txstream.topics import Topics
 
 from kafka_helpers import end_record, half_record, headers_of, produce, read_topic, wait_until
-from process_helpers import REPO, S3Server
+from ports import reserve_port
+from process_helpers import CoordinatorProcess, S3Server
 
 COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
 
 
-def test_unreachable_broker_at_start_fails_in_one_line_after_retrying(tmp_path: Path) -> None:
-    closed = free_port()  # nothing listens there
+def test_unreachable_broker_at_start_fails_in_one_line_after_retrying(
+        tmp_path: Path, coordinator_processes: Callable[..., CoordinatorProcess]) -> None:
+    closed = reserve_port()  # nothing listens there
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "txstream.streaming.cli", "run", "--bootstrap-servers",
-         f"127.0.0.1:{closed}", "--broker-timeout", "3", "--checkpoint-dir",
-         str(tmp_path / "cp")],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+    process = coordinator_processes(["--bootstrap-servers", f"127.0.0.1:{closed}",
+                                     "--broker-timeout", "3", "--checkpoint-dir",
+                                     str(tmp_path / "cp")]).start()
+    assert process.proc is not None
+    code = process.proc.wait(timeout=120)
     took = time.monotonic() - started
-    assert proc.returncode == 2, proc.stderr
-    [line] = proc.stderr.strip().splitlines()
+    output = process.output()
+    assert code == 2, output
+    # The error is one line, the last (stdout's progress lines come before it).
+    line = output.strip().splitlines()[-1]
+    assert sum(x.startswith("txstream: ") for x in output.splitlines()) == 1, output
     assert line.startswith("txstream: ") and f"127.0.0.1:{closed} unreachable after 3s" in line
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "Traceback" not in output
     assert took >= 3, "it kept trying for the whole --broker-timeout"
     assert not (tmp_path / "cp").exists() or not any((tmp_path / "cp").iterdir())
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from txstream.broker import EmbeddedBroker, free_port
+from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.message import Message
 from txstream.outputs import encode_visible
@@ -22,6 +22,7 @@ from txstream.topics import Topics
 from txstream.wire import H, decode_end, decode_half
 
 from kafka_helpers import headers_of, produce, read_topic, wait_until
+from ports import reserve_port
 from process_helpers import CoordinatorProcess, application_directory
 
 pytestmark = pytest.mark.kafka
@@ -125,7 +126,7 @@ def test_consume_fails_when_fewer_than_count_arrive(
 
 
 def test_broker_command_serves_until_interrupted() -> None:
-    port = free_port()
+    port = reserve_port()
     proc = subprocess.Popen([*TXSTREAM, "broker", "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

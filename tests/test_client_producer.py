@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from txstream.broker import EmbeddedBroker, free_port
+from txstream.broker import EmbeddedBroker
 from txstream.client import (
     MAX_BODY_BYTES,
     BrokerUnavailable,
@@ -34,6 +34,7 @@ from txstream.topics import Topics
 from txstream.wire import decode_end, decode_half
 
 from kafka_helpers import produce, read_topic, wait_until
+from ports import reserve_port
 
 pytestmark = pytest.mark.kafka
 
@@ -232,7 +233,7 @@ def test_client_state_errors(kafka: KafkaSettings, topics: Topics) -> None:
 
 
 def test_unreachable_broker_fails_start_within_the_timeout() -> None:
-    closed = f"127.0.0.1:{free_port()}"
+    closed = f"127.0.0.1:{reserve_port()}"
     p = TransactionProducer("pg", closed, ScriptedListener(), connect_timeout_s=1.5)
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailable, match=closed):

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from txstream.broker import free_port
 from txstream.client.options import new_message_id
 from txstream.kafka import KafkaSettings, read_topic
 from txstream.message import Decision
@@ -36,6 +35,7 @@ from cluster_helpers import (
     ui_json,
 )
 from kafka_helpers import end_record, half_record, produce, wait_until
+from ports import reserve_port
 from process_helpers import CoordinatorProcess
 from seed_helpers import SeedRun
 
@@ -62,7 +62,7 @@ def submitted(cluster: StandaloneCluster, kafka: KafkaSettings,
     cwd = root / "cwd"
     cwd.mkdir()
     topics = Topics.with_prefix(f"c{uuid.uuid4().hex[:8]}_")
-    ui_port = free_port()
+    ui_port = reserve_port()
     args = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", topics.prefix,
             "--checkpoint-dir", (root / "cp").as_uri(), "--log-level", "WARN", *POLICY]
     command = submit_command(cluster, "spark.ui.enabled=true", f"spark.ui.port={ui_port}")

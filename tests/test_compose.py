@@ -237,16 +237,16 @@ def test_the_dashboard_queries_only_what_a_real_coordinator_exports(
 ) -> None:
     import urllib.request
 
-    from txstream.broker import free_port
     from txstream.state.policy import Policy
     from txstream.streaming.engine.config import RunConfig
     from txstream.streaming.engine.coordinator import Coordinator
     from txstream.streaming.engine.metrics import serve_coordinator
 
     from kafka_helpers import wait_until
+    from ports import reserve_port
 
     config = RunConfig(kafka=kafka, topics=topics, policy=Policy(), checkpoint_dir=checkpoint_dir,
-                       buckets=8, query_name=f"compose-{unique}", metrics_port=free_port(),
+                       buckets=8, query_name=f"compose-{unique}", metrics_port=reserve_port(),
                        metrics_host="127.0.0.1")
     coordinator = Coordinator(config).start()
     server = serve_coordinator(coordinator)

@@ -16,7 +16,7 @@ from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, make_producer
 from txstream.schema import OUTPUT_SCHEMA, OutputRow
 from txstream.sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_rows
-from txstream.sources.kafka_source import register
+from txstream.streaming.engine.query import register
 from txstream.wire import pack_headers
 
 from kafka_helpers import output_row, read_topic

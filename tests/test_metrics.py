@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from txstream.broker import free_port
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.state.policy import Policy
@@ -25,6 +24,7 @@ from txstream.topics import Topics
 from txstream.wire import Record
 
 from kafka_helpers import end_record, half_record, produce, wait_for, wait_until
+from ports import reserve_port
 
 COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -55,7 +55,7 @@ def _config(kafka: KafkaSettings, topics: Topics, checkpoint_dir: Path, name: st
     # No back-check within the test: every count below comes from the events sent.
     policy = Policy(transaction_timeout=120_000, check_interval=120_000)
     return RunConfig(kafka=kafka, topics=topics, policy=policy, checkpoint_dir=checkpoint_dir,
-                     buckets=8, query_name=name, metrics_port=free_port(),
+                     buckets=8, query_name=name, metrics_port=reserve_port(),
                      metrics_host="127.0.0.1")
 
 
@@ -151,7 +151,7 @@ def test_pending_gauges_after_a_restart_come_from_the_state(
 
 
 def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
-    port = free_port()
+    port = reserve_port()
     stats = CoordinatorStats()
     with stats.lock:
         stats.totals["rejected"] = 7

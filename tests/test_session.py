@@ -149,16 +149,15 @@ def test_spark_settings_given_by_the_user_keep_their_class_path_and_file_system(
 
 def test_txstream_run_honours_conf_flags_and_spark_defaults(
         broker: EmbeddedBroker, tmp_path: Any) -> None:
-    from txstream.broker import free_port
-
     from cluster_helpers import ui_json
+    from ports import reserve_port
 
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
     (conf_dir / "spark-defaults.conf").write_text(
         "spark.executor.extraJavaOptions  -Dfrom.defaults=1\n"
         "spark.txstream.probe  defaults\nspark.txstream.kept  yes\n")
-    ui = free_port()
+    ui = reserve_port()
     args = ["--bootstrap-servers", broker.bootstrap_servers, "--checkpoint-dir",
             str(tmp_path / "cp"), "--topic-prefix", f"{tmp_path.name}_",
             "--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}",
