@@ -40,3 +40,17 @@ def test_relative_links_resolve(page: Path) -> None:
         if "://" in target or target.startswith("mailto:"):
             continue
         assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+DECISIONS = sorted((REPO / "docs" / "decisions").glob("0*.md"))
+_STATUS = re.compile(r"^Status: (accepted|superseded by \[\d{4}\]\(\d{4}-[a-z0-9-]+\.md\))$")
+
+
+@pytest.mark.parametrize("record", DECISIONS, ids=lambda p: p.name[:4])
+def test_each_decision_record_says_its_status_and_date_and_is_in_the_index(record: Path) -> None:
+    title, blank, status, date = record.read_text().splitlines()[:4]
+    assert title.startswith(f"# {record.name[:4]}. ") and blank == ""
+    assert _STATUS.match(status), status
+    assert re.fullmatch(r"Date: \d{4}-\d{2}-\d{2}", date), date
+    index = (REPO / "docs" / "decisions" / "README.md").read_text()
+    assert f"]({record.name})" in index, f"{record.name} is not in docs/decisions/README.md"
