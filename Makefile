@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test soak lint demo bench clean
+.PHONY: setup run test test-fast soak lint demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -17,10 +17,23 @@ run: setup
 demo: setup
 	$(VENV)/bin/txstream demo
 
+# xdist workers: each has its own broker and Spark session (tests/conftest.py).
+WORKERS ?= 2
+# Schedules of the simulation in the fast tier (make test plays 1,000).
+FAST_SIM_SEEDS ?= 300
+
+# Everything that needs neither Spark nor a broker (the simulation included): under a minute.
+test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	TXSTREAM_SIM_SEEDS=$${TXSTREAM_SIM_SEEDS:-$(FAST_SIM_SEEDS)} $(PY) -m pytest -n $(WORKERS) -m fast $(PYTEST_ARGS)
+
+# Every test (what CI runs), on $(WORKERS) workers; the tests that share one resource run in
+# one group, one after another (tests/conftest.py).
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The fault-injection soak (tests/test_soak.py), 10 minutes of faults by default.
 soak: setup

@@ -44,6 +44,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("fast")
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Reports a test recorded for the reader (``record_property("report", text)``), also from
+    xdist workers, whose output is not shown."""
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            for name, text in getattr(report, "user_properties", ()):
+                if name == "report" and report.when == "call":
+                    terminalreporter.write_line(str(text))
+
+
 def _refuse(what: str, fixture: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"this test starts {what} without the {fixture!r} fixture: use it, "
