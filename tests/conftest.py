@@ -32,6 +32,10 @@ FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": 
                  "broker": "kafka", "kafka": "kafka", "own_broker": "kafka"}
 # Markers of tests that need Spark or a broker: the fast tier is everything else.
 SLOW_MARKS = {"spark", "kafka", "cluster", "crash", "soak"}
+# Tests that share one resource of the machine run on one xdist worker, one after another
+# (--dist loadgroup): the standalone cluster is one per worker that asks for it, and the
+# crash tests each load both cores with a coordinator under traffic.
+GROUPS = {"cluster": "cluster", "crash": "crash"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,8 +44,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, mark in FIXTURE_MARKS.items():
             if fixture in names:
                 item.add_marker(mark)
-        if not {m.name for m in item.iter_markers()} & SLOW_MARKS:
+        marks = {m.name for m in item.iter_markers()}
+        if not marks & SLOW_MARKS:
             item.add_marker("fast")
+        for mark, group in GROUPS.items():
+            if mark in marks:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
