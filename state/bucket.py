@@ -19,11 +19,23 @@ first run did: the sink recognises what that run already wrote and does not writ
 from __future__ import annotations
 
 import heapq
-import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from txstream.message import Decision, EndEvent, Message, RawRecord
+from txstream.state.codec import (
+    FORMAT_VERSION,
+    MSG_BORN,
+    TX_DEADLINE,
+    TX_GROUP,
+    TX_HALF,
+    TX_ID,
+    TX_STATUS,
+    decode_state,
+    encode_state,
+    row_of,
+    sharer,
+    transaction_of,
+)
 from txstream.state.effects import Effect
 from txstream.state.lifecycle import apply, on_timeout
 from txstream.state.outcomes import Outcomes
@@ -31,22 +43,7 @@ from txstream.state.policy import Policy
 from txstream.state.timing import sends_check, waits_for_ends
 from txstream.state.transaction import Event, Status, Transaction
 
-__all__ = ["Bucket", "FORMAT_VERSION"]
-
-# 2: several held end events per transaction, and the message's queue position.
-# 3: the record numbering (epoch, next number).
-# 4: a held end event keeps the record it was read from (a dead letter byte for byte); a
-#    message its broker timestamp; a transaction the number of the check last answered and
-#    until when its outcome is remembered; the bucket the outcomes it remembers.
-# 5: a half message read from the half topic is kept without its body (its coordinates say
-#    where to read it back).
-# 6: a transaction when it was registered, when its latest check was due, and why its body
-#    is gone (if it is).
-# Older formats are still read so that a checkpoint survives the upgrade; buckets of formats 1
-# and 2 start a new numbering epoch.
-FORMAT_VERSION = 6
-_READABLE = (1, 2, 3, 4, 5, FORMAT_VERSION)
-
+__all__ = ["Bucket"]
 
 # A transaction as the state holds it: decoded, or still the tuple it was encoded as.
 _Held = Transaction | tuple[Any, ...]
@@ -217,9 +214,9 @@ class Bucket:
             if isinstance(held, Transaction):
                 status, group = held.status.value, held.producer_group
                 born = held.half.born_timestamp if held.half is not None else None
-            else:  # _tx_to_tuple's layout; the half message's born time is its 9th field
-                status, group = held[1], held[3]
-                born = held[4][8] if held[4] is not None else None
+            else:  # a row of the current layout
+                status, group, half = held[TX_STATUS], held[TX_GROUP], held[TX_HALF]
+                born = half[MSG_BORN] if half is not None else None
             if status not in _OPEN:
                 continue
             counts[(status, group or "")] = counts.get((status, group or ""), 0) + 1
@@ -245,7 +242,7 @@ class Bucket:
         held = self._held[txid]
         if isinstance(held, Transaction):
             return held
-        tx = _tx_from_tuple(held, FORMAT_VERSION)
+        tx = transaction_of(held)
         self._held[txid] = tx
         return tx
 
@@ -255,28 +252,25 @@ class Bucket:
         else:
             self._held[txid] = tx
 
-    # --- encoding: plain tuples, so the state does not depend on class paths -----------------
+    # --- encoding: txstream.state.codec's layouts -------------------------------------------------
 
     def encode(self) -> bytes:
-        share = _sharer()
-        rows = [held if isinstance(held, tuple) else _tx_to_tuple(held, share)
+        share = sharer()
+        rows = [held if isinstance(held, tuple) else row_of(held, share)
                 for held in self._held.values()]
-        return pickle.dumps((FORMAT_VERSION, rows, self.epoch, self.next_number,
-                             self.outcomes.encode()), protocol=5)
+        return encode_state(rows, self.epoch, self.next_number, self.outcomes.encode())
 
     @classmethod
     def decode(cls, blob: bytes | None) -> Bucket:
         if not blob:
             return cls()
-        version, rows, *rest = pickle.loads(blob)
-        if version not in _READABLE:
-            raise ValueError(f"state format {version} is not one of {_READABLE}")
-        epoch, number = rest[:2] if version >= 3 else (None, 0)
-        bucket = cls(None, epoch, number, Outcomes.decode(rest[2] if version >= 4 else None))
-        if version == FORMAT_VERSION:
-            bucket._held = {row[0]: row for row in rows}
-        else:  # older layouts are converted on the way in
-            bucket._held = {row[0]: _tx_from_tuple(row, version) for row in rows}
+        state = decode_state(blob)
+        bucket = cls(None, state.epoch, state.next_number, Outcomes.decode(state.outcomes))
+        if state.layout.version == FORMAT_VERSION:  # decoded when touched
+            bucket._held = {row[TX_ID]: row for row in state.rows}
+        else:  # an older layout is converted on the way in
+            bucket._held = {tx.transaction_id: tx for tx in
+                            (transaction_of(row, state.layout) for row in state.rows)}
         return bucket
 
 
@@ -289,85 +283,5 @@ def _body_at(tx: Transaction, wanted: dict[str, tuple[int, int]]) -> None:
 
 
 def _deadline(held: _Held) -> int:
-    deadline: int = held.deadline if isinstance(held, Transaction) else held[2]
+    deadline: int = held.deadline if isinstance(held, Transaction) else held[TX_DEADLINE]
     return deadline
-
-
-_Share = Callable[[Any], Any]
-
-
-def _sharer() -> _Share:
-    """Equal strings as one object, within one encoding. Pickle writes an object it has
-    written before as a two-byte reference, but only the same object: a message's id, its
-    ``UNIQ_KEY`` and often its keys are equal strings decoded from separate headers, and the
-    topic and group repeat across a key's transactions. Shared, a held transaction with a
-    200-byte body took 309 bytes of state instead of 390, and a key encoded a third faster;
-    Spark copies every key's state on every micro-batch, so this is paid per batch."""
-    seen: dict[str, str] = {}
-
-    def share(value: Any) -> Any:
-        return seen.setdefault(value, value) if isinstance(value, str) else value
-
-    return share
-
-
-def _msg_to_tuple(m: Message | None, share: _Share) -> tuple[object, ...] | None:
-    if m is None:
-        return None
-    properties = {share(k): share(v) for k, v in m.properties.items()}
-    # A message that knows where it lies in the half topic is read back from there.
-    body = None if m.queue_id is not None and m.queue_offset is not None else m.body
-    return (share(m.topic), body, share(m.tags), share(m.keys), properties,
-            share(m.transaction_id), share(m.msg_id), share(m.producer_group),
-            m.born_timestamp, m.check_immunity_time_s, m.queue_id, m.queue_offset,
-            m.reconsume_times, m.stored_timestamp)
-
-
-def _msg_from_tuple(t: tuple[Any, ...] | None) -> Message | None:
-    if t is None:
-        return None
-    return Message(*t)  # format 1 has the first ten fields only: the rest keep their defaults
-
-
-def _end_to_tuple(e: EndEvent, share: _Share) -> tuple[object, ...]:
-    raw = e.raw
-    return (share(e.transaction_id), share(e.producer_group), e.decision.value, e.from_check,
-            e.check_times, share(e.operator), e.remark, e.born_timestamp,
-            None if raw is None else (raw.partition, raw.offset, raw.key, raw.value, raw.headers))
-
-
-def _end_from_tuple(t: tuple[Any, ...]) -> EndEvent:
-    raw = RawRecord(*t[8]) if len(t) > 8 and t[8] is not None else None
-    return EndEvent(t[0], t[1], Decision(t[2]), t[3], t[4], t[5], t[6], t[7], raw)
-
-
-def _tx_to_tuple(tx: Transaction, share: _Share) -> tuple[object, ...]:
-    return (share(tx.transaction_id), tx.status.value, tx.deadline, share(tx.producer_group),
-            _msg_to_tuple(tx.half, share), tuple(_end_to_tuple(e, share) for e in tx.held),
-            tx.checks_sent, tx.checks_answered, tx.next_check, tx.last_answered,
-            tx.remember_until, tx.seen_at, tx.check_due, tx.body_gone)
-
-
-def _tx_from_tuple(t: tuple[Any, ...], version: int) -> Transaction:
-    held: tuple[EndEvent, ...]
-    if version == 1:  # one held end event or None
-        held = (_end_from_tuple(t[5]),) if t[5] is not None else ()
-    else:
-        held = tuple(_end_from_tuple(e) for e in t[5])
-    return Transaction(
-        transaction_id=t[0],
-        status=Status(t[1]),
-        deadline=t[2],
-        producer_group=t[3],
-        half=_msg_from_tuple(t[4]),
-        held=held,
-        checks_sent=t[6],
-        checks_answered=t[7],
-        next_check=t[8],
-        # Before format 4 the count was the highest check number answered.
-        last_answered=t[9] if len(t) > 9 else t[7],
-        remember_until=t[10] if len(t) > 10 else None,
-        seen_at=t[11] if len(t) > 11 else None,
-        check_due=t[12] if len(t) > 12 else None,
-        body_gone=t[13] if len(t) > 13 else None,
-    )

@@ -1,7 +1,7 @@
 """The outcomes of transactions that left the state: 16 bytes each, kept for their reserved time.
 
-A resolved transaction is kept whole for ``Policy.resolved_retention`` (two minutes), long
-enough for the usual duplicates and late answers. After that only its outcome is kept, until
+A resolved transaction is kept whole for ``Policy.resolved_retention``, long enough for the
+usual duplicates and late answers. After that only its outcome is kept, until
 its half message is past the reserved time (when a re-read copy would be discarded as too old
 anyway): a half message read again (offsets rewound, a producer re-sending) is then a duplicate,
 not a second release, and a late end event is told the outcome it contradicts.

@@ -14,17 +14,20 @@ HOUR = 3600 * SECOND
 class Policy:
     """All durations in milliseconds.
 
-    | field                 | RocketMQ broker setting    | default |
-    |-----------------------|----------------------------|---------|
-    | transaction_timeout   | transactionTimeOut         | 6 s     |
-    | check_interval        | transactionCheckInterval   | 60 s    |
-    | check_max             | transactionCheckMax        | 15      |
-    | reserved_time         | fileReservedTime           | 72 h    |
-    | orphan_end_timeout    | (none: txstream)           | 60 s    |
-    | resolved_retention    | (none: txstream)           | 120 s   |
-    | timer_lead            | (none: txstream)           | 500 ms  |
-    | max_clock_skew        | (none: txstream)           | 10 s    |
-    | check_backoff_max     | (none: txstream)           | 16      |
+    | field                 | RocketMQ broker setting    |
+    |-----------------------|----------------------------|
+    | transaction_timeout   | transactionTimeOut         |
+    | check_interval        | transactionCheckInterval   |
+    | check_max             | transactionCheckMax        |
+    | reserved_time         | fileReservedTime           |
+    | orphan_end_timeout    | (none: txstream)           |
+    | resolved_retention    | (none: txstream)           |
+    | timer_lead            | (none: txstream)           |
+    | max_clock_skew        | (none: txstream)           |
+    | check_backoff_max     | (none: txstream)           |
+
+    The defaults are the fields' own (the flags of ``txstream run`` show them, and
+    docs/configuration.md lists them, checked by tests/test_flag_defaults.py).
 
     ``orphan_end_timeout``: how long an end event waits for its half message before it goes to
     the dead-letter topic. ``resolved_retention``: how long a resolved transaction is remembered

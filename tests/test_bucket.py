@@ -1,4 +1,5 @@
-"""Many transactions under one state key: routing, timers, encoding."""
+"""Many transactions under one state key: routing, timers, encoding (the layouts of the
+state format: test_state_codec.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pickle
 import pytest
 
 from txstream.message import Decision, EndEvent, Message
-from txstream.state.bucket import FORMAT_VERSION, Bucket
+from txstream.state.bucket import Bucket
 from txstream.state.effects import DeadLetter, Discard, Note, Release, RequestCheck
 from txstream.state.policy import Policy
 from txstream.state.transaction import BodyGone, Status, Transaction
@@ -99,20 +100,6 @@ def test_a_held_body_takes_no_room_in_the_state() -> None:
     assert len(big.encode()) > 10_000 > 300 > len(placed.encode())
 
 
-def test_format_4_state_keeps_its_bodies_until_encoded_again() -> None:
-    # Format 4 kept every body; such a checkpoint still releases what it holds, and the next
-    # encoding drops the bodies that can be read back.
-    msg = ("orders", b"kept", None, None, {}, "p", "p", "G", T0, None, 2, 40, 0, None)
-    rows = [("p", "PENDING", T0 + 6000, "G", msg, (), 0, 0, T0 + 6000, 0, None)]
-    b = Bucket.decode(pickle.dumps((4, rows, T0, 3, None)))
-    tx = b.get("p")
-    assert tx is not None and tx.half is not None and tx.half.body == b"kept"
-    assert b.next_number == 3
-    again = Bucket.decode(b.encode()).get("p")
-    assert again is not None and again.half is not None and again.half.body is None
-    assert (again.half.queue_id, again.half.queue_offset) == (2, 40)
-
-
 def test_buckets_differ_when_a_transaction_differs() -> None:
     a, b = every_status(), every_status()
     assert a == b
@@ -125,31 +112,6 @@ def test_buckets_differ_when_a_transaction_differs() -> None:
 def test_no_state_is_an_empty_bucket(blob: bytes | None) -> None:
     b = Bucket.decode(blob)
     assert len(b) == 0 and b.next_deadline() is None and b == Bucket()
-
-
-def test_unknown_state_format_is_refused() -> None:
-    with pytest.raises(ValueError, match="state format 999"):
-        Bucket.decode(pickle.dumps((999, [])))
-
-
-def test_format_1_state_still_decodes() -> None:
-    # Version 1 kept one held end event and ten message fields; checkpoints written by it must
-    # survive an upgrade.
-    held = ("early", "G", "COMMIT_MESSAGE", False, None, None, None, T0)
-    msg: tuple[object, ...] = ("orders", b"b", None, None, {}, "p", "p", "G", T0, None)
-    rows = [
-        ("early", "EARLY_END", T0 + 60_000, "G", None, held, 0, 0, None),
-        ("p", "PENDING", T0 + 6000, "G", msg, None, 1, 1, T0 + 6000),
-    ]
-    b = Bucket.decode(pickle.dumps((1, rows)))
-    assert FORMAT_VERSION > 1
-    early, pending = b.get("early"), b.get("p")
-    assert early is not None and early.held == (end("early", COMMIT, born_timestamp=T0),)
-    assert pending is not None and pending.half == Message("orders", b"b", transaction_id="p",
-                                                           msg_id="p", producer_group="G",
-                                                           born_timestamp=T0)
-    effects = b.apply(half("early"), T0 + 10, P)
-    assert [type(e) for e in effects if not isinstance(e, Note)] == [Release]
 
 
 def test_apply_routes_each_event_to_its_transaction() -> None:

@@ -13,7 +13,7 @@ import argparse
 import logging
 import os
 import time
-from dataclasses import replace
+from dataclasses import MISSING, fields, replace
 from typing import Any
 
 from txstream.errors import ConfigError
@@ -28,14 +28,16 @@ from txstream.streaming.engine.config import (
     RunConfig,
     parse_duration_ms,
 )
-from txstream.streaming.engine.spark_settings import DEFAULT_DRIVER_MEMORY, JIT_OPTIONS
+from txstream.streaming.engine.health import HealthThresholds
+from txstream.streaming.engine.spark_settings import JIT_OPTIONS
 from txstream.topics import Topics
 
 __all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of", "format_ms",
            "add_spark_arguments", "spark_conf_of", "set_log_level", "add_run_arguments",
-           "config_from_args"]
+           "config_from_args", "run_defaults", "duration_text"]
 
-# The core's timing rules (state.policy.Policy): flag, kind, help. Durations are text ("6s").
+# The core's timing rules (state.policy.Policy): flag, kind, help; --help adds each default,
+# taken from Policy. Durations are text ("6s").
 _POLICY_FLAGS: list[tuple[str, str, str]] = [
     ("transaction-timeout", "duration", "first back-check after this (transactionTimeOut)"),
     ("check-interval", "duration", "time between back-checks (transactionCheckInterval)"),
@@ -47,16 +49,53 @@ _POLICY_FLAGS: list[tuple[str, str, str]] = [
     ("timer-lead", "duration", "checks due this soon after a micro-batch starts run in it; "
                                "their records wait for the deadline (0: off)"),
     ("max-clock-skew", "duration", "a producer's born time further than this from the "
-                                   "record's timestamp does not set the first check "
-                                   "(default 10s)"),
+                                   "record's timestamp does not set the first check"),
     ("check-backoff-max", "int", "unanswered checks come twice as far apart each time, up to "
-                                 "this many intervals (default 16; 1: every interval)"),
+                                 "this many intervals (1: every interval)"),
 ]
+_LOG_FORMAT = "text"
 # Flags of RunConfig fields given as they are (numbers and names), by field name.
 _PLAIN_FIELDS = ("buckets", "key_shards", "shuffle_partitions", "state_store",
                  "max_offsets_per_trigger", "max_message_bytes", "jit", "driver_memory")
 _SECURITY_FLAGS = ("security-protocol", "sasl-mechanism", "sasl-username", "sasl-password",
                    "ssl-cafile", "ssl-certfile", "ssl-keyfile")
+
+
+def duration_text(ms: int | float) -> str:
+    """A duration as a flag takes it, in the largest unit that keeps it whole: 72h, 2m, 500ms."""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{int(ms // size)}{unit}"
+    return f"{int(ms)}ms" if ms else "0s"
+
+
+def run_defaults() -> dict[str, str]:
+    """The default of every flag of ``txstream run`` that has one, as it would be given on the
+    command line: what ``--help`` says, taken from ``Policy`` and ``RunConfig`` (their fields
+    hold each number once). ``tests/test_flag_defaults.py`` holds docs/configuration.md to it."""
+    policy = {f.name: f.default for f in fields(Policy)}
+    config = {f.name: f.default for f in fields(RunConfig) if f.default is not MISSING}
+    shown = {name: duration_text(policy[name.replace("-", "_")]) if kind == "duration"
+             else str(policy[name.replace("-", "_")]) for name, kind, _text in _POLICY_FLAGS}
+    shown.update({name.replace("_", "-"): str(config[name]) for name in _PLAIN_FIELDS})
+    shown["key-window"] = duration_text(config["key_window_ms"])
+    shown["trigger"] = duration_text(config["trigger_ms"])
+    shown["metrics-host"] = config["metrics_host"]
+    shown["log-format"] = _LOG_FORMAT
+    health = HealthThresholds()
+    shown["health-lag-growing"] = duration_text(health.lag_growing_s * 1000)
+    shown["health-timer-overdue"] = duration_text(health.timer_overdue_s * 1000)
+    return shown
+
+
+def _default(flag: str) -> str:
+    return run_defaults()[flag]
+
+
+def _with_default(text: str, flag: str) -> str:
+    if text.endswith(")"):  # "... (transactionTimeOut; default 6s)"
+        return f"{text[:-1]}; default {_default(flag)})"
+    return f"{text} (default {_default(flag)})"
 
 
 def env(flag: str) -> str | None:
@@ -185,9 +224,10 @@ def add_spark_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=env("log-level"),
                    help="Spark's log level, and txstream's (default: Spark's log4j "
                         "configuration; txstream's own lines: WARN)")
-    p.add_argument("--log-format", choices=LOG_FORMATS, default=env("log-format") or "text",
-                   help="txstream's own lines: text with ISO 8601 times (default), or json, "
-                        "one object per line for log shippers")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   default=env("log-format") or _default("log-format"),
+                   help=f"txstream's own lines: text with ISO 8601 times, or json, one object "
+                        f"per line for log shippers (default {_default('log-format')})")
 
 
 _PYTHON_LEVELS = {"ALL": logging.DEBUG, "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG,
@@ -223,37 +263,49 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="a path or a URI Spark can write (file://, hdfs://, s3a://...; default "
                         f"{DEFAULT_CHECKPOINT_ROOT / 'coordinator'})")
     for name, _kind, text in _POLICY_FLAGS:
-        p.add_argument(f"--{name}", default=env(name), help=text)
-    p.add_argument("--trigger", default=env("trigger") or "0s",
-                   help="micro-batch trigger interval (0s: back to back)")
+        p.add_argument(f"--{name}", default=env(name), help=_with_default(text, name))
+    p.add_argument("--trigger", default=env("trigger") or _default("trigger"),
+                   help=f"micro-batch trigger interval (default {_default('trigger')}: back "
+                        "to back)")
     p.add_argument("--key-window", default=env("key-window"),
-                   help="state keys: window of transaction-id creation times (default 1s)")
+                   help="state keys: window of transaction-id creation times (default "
+                        f"{_default('key-window')})")
     p.add_argument("--key-shards", type=int, default=env("key-shards"),
-                   help="state keys per window (default 2: one per shuffle partition)")
+                   help=f"state keys per window (default {_default('key-shards')}: one per "
+                        "shuffle partition)")
     p.add_argument("--buckets", type=int, default=env("buckets"),
-                   help="state keys for transaction ids that carry no time (default 16)")
-    p.add_argument("--shuffle-partitions", type=int, default=env("shuffle-partitions"))
-    p.add_argument("--state-store", choices=("default", "rocksdb"), default=env("state-store"))
+                   help="state keys for transaction ids that carry no time (default "
+                        f"{_default('buckets')})")
+    p.add_argument("--shuffle-partitions", type=int, default=env("shuffle-partitions"),
+                   help=f"Spark's shuffle partitions (default {_default('shuffle-partitions')})")
+    p.add_argument("--state-store", choices=("default", "rocksdb"), default=env("state-store"),
+                   help=f"(default {_default('state-store')})")
     p.add_argument("--jit", choices=tuple(JIT_OPTIONS), default=env("jit"),
-                   help="the JVM's compilers: c1 (default: quick, least CPU on small machines) "
-                        "or tiered (the JVM's default, C2 too)")
+                   help="the JVM's compilers: c1 (quick, least CPU on small machines) or "
+                        f"tiered (the JVM's default, C2 too) (default {_default('jit')})")
     p.add_argument("--driver-memory", default=env("driver-memory"),
                    help=f"the Spark driver's heap, where local state lives (default "
-                        f"{DEFAULT_DRIVER_MEMORY})")
-    p.add_argument("--max-offsets-per-trigger", type=int, default=env("max-offsets-per-trigger"))
+                        f"{_default('driver-memory')})")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=env("max-offsets-per-trigger"),
+                   help="records read per micro-batch at most (default "
+                        f"{_default('max-offsets-per-trigger')})")
     p.add_argument("--max-message-bytes", type=int, default=env("max-message-bytes"),
-                   help="the largest record the coordinator writes (default 1048588, Kafka's "
-                        "message.max.bytes): a half message whose records would be bigger is "
-                        "dead-lettered as it comes")
+                   help="the largest record the coordinator writes (default "
+                        f"{_default('max-message-bytes')}, Kafka's message.max.bytes): a half "
+                        "message whose records would be bigger is dead-lettered as it comes")
     p.add_argument("--metrics-port", type=int, default=env("metrics-port"),
                    help="serve Prometheus metrics on this port")
-    p.add_argument("--metrics-host", default=env("metrics-host") or "0.0.0.0",
-                   help="address the metrics server binds (default all interfaces)")
-    p.add_argument("--health-lag-growing", default=env("health-lag-growing") or "5m",
+    p.add_argument("--metrics-host", default=env("metrics-host") or _default("metrics-host"),
+                   help="address the metrics server binds (default "
+                        f"{_default('metrics-host')}: all interfaces)")
+    p.add_argument("--health-lag-growing",
+                   default=env("health-lag-growing") or _default("health-lag-growing"),
                    help="/healthz says 503 once the input lag grew, or was not read while "
-                        "records waited, for this long (default 5m)")
-    p.add_argument("--health-timer-overdue", default=env("health-timer-overdue") or "2m",
-                   help="/healthz says 503 once a timer is overdue by this much (default 2m)")
+                        f"records waited, for this long (default {_default('health-lag-growing')})")
+    p.add_argument("--health-timer-overdue",
+                   default=env("health-timer-overdue") or _default("health-timer-overdue"),
+                   help="/healthz says 503 once a timer is overdue by this much (default "
+                        f"{_default('health-timer-overdue')})")
     p.add_argument("--no-history", action="store_true",
                    default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
                    help="do not write transitions to the history topic (a new checkpoint "

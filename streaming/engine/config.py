@@ -38,6 +38,7 @@ DEFAULT_CHECKPOINT_ROOT = Path(__file__).resolve().parents[2] / "checkpoints"
 # log4j's levels, which Spark's setLogLevel takes; Python's logging gets the nearest.
 LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
+_KEYS = KeyLayout()
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 
@@ -66,11 +67,11 @@ class RunConfig:
     trigger_ms: int = 0  # 0: a batch as soon as input or a due timer is there (best latency)
     # State keys (state/keys.py): a transaction id's creation-time window and one of
     # ``key_shards`` shards; ``buckets`` hash buckets for ids that carry no time. Pinned in the
-    # checkpoint (streaming.engine.checkpoint).
-    key_window_ms: int = 1000
-    key_shards: int = 2
-    buckets: int = 16
-    shuffle_partitions: int = 2
+    # checkpoint (streaming.engine.checkpoint). The defaults are KeyLayout's.
+    key_window_ms: int = _KEYS.window_ms
+    key_shards: int = _KEYS.shards
+    buckets: int = _KEYS.fallback_buckets
+    shuffle_partitions: int = _KEYS.partitions
     state_store: str = "default"  # or "rocksdb"
     jit: str = "c1"  # the JVM's compilers: "c1" (quick, least CPU) or "tiered"
     driver_memory: str = DEFAULT_DRIVER_MEMORY  # the driver's heap, which holds the local state
