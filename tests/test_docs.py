@@ -54,3 +54,43 @@ def test_each_decision_record_says_its_status_and_date_and_is_in_the_index(recor
     assert re.fullmatch(r"Date: \d{4}-\d{2}-\d{2}", date), date
     index = (REPO / "docs" / "decisions" / "README.md").read_text()
     assert f"]({record.name})" in index, f"{record.name} is not in docs/decisions/README.md"
+
+
+def _layout_block() -> dict[str, set[str]]:
+    """The modules ``docs/architecture.md`` names per folder, in its "Where each part lives"
+    block: a line at the margin names a folder (``txstream/kafka/``), the lines under it its
+    modules (``reading.py``)."""
+    page = ARCHITECTURE.read_text()
+    block = page.split("## Where each part lives", 1)[1].split("```", 2)[1]
+    named: dict[str, set[str]] = {}
+    folder = None
+    for line in block.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if not line.startswith(" ") and words[0].endswith("/"):
+            folder = words[0]
+            named.setdefault(folder, set())
+            words = words[1:]
+        if folder is not None:
+            named[folder].update(w.strip(",;()") for w in words if w.strip(",;()").endswith(".py"))
+    return named
+
+
+def test_the_architecture_page_names_every_module_where_it_lives() -> None:
+    package = REPO / "txstream"
+    actual: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):  # rglob follows no links: walk the linked rooms too
+        actual.setdefault(f"txstream/{path.parent.relative_to(package)}/".replace("/./", "/"),
+                          set()).add(path.name)
+    for room in ("state", "sources", "sinks", "streaming/engine", "streaming/cli"):
+        for path in (package / room).glob("*.py"):
+            actual.setdefault(f"txstream/{room}/", set()).add(path.name)
+    actual = {f: {m for m in ms if m not in ("__init__.py", "__main__.py")}
+              for f, ms in actual.items()}
+    actual = {f: ms for f, ms in actual.items() if ms}
+    named = {f: ms for f, ms in _layout_block().items() if f.startswith("txstream/")}
+    assert sorted(named) == sorted(actual)
+    for folder, modules in actual.items():
+        assert named[folder] == modules, (folder, sorted(modules - named[folder]),
+                                          sorted(named[folder] - modules))
