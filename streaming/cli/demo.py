@@ -275,7 +275,7 @@ def _start_coordinator(args: argparse.Namespace, settings: KafkaSettings, topics
         # Stopping a query interrupts its running batch, which Spark and the sink report as
         # errors; after the summary they would only alarm.
         stack.callback(_quietly(lambda: _hush(coordinator.spark), "logging"))
-    while coordinator.listener.stats.batches < 1:
+    while coordinator.listener.board.view().batches < 1:
         failure = coordinator.failure()
         if failure or not coordinator.query.isActive:
             say(f"the coordinator failed: {failure}")
