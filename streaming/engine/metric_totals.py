@@ -33,7 +33,8 @@ from txstream.streaming.engine.key_metrics import (
 )
 from txstream.streaming.engine.query import OBSERVATION
 
-__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state"]
+__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state",
+           "summaries_of", "counts_of"]
 
 BATCH_DURATION = "batch_duration"  # a histogram the driver times itself
 _Counter = tuple[str, tuple[str, ...]]  # (metric, label values)
@@ -75,6 +76,22 @@ def parse_offsets(text: str | None) -> dict[Position, int]:
             if isinstance(parts, dict) for p, offset in parts.items()}
 
 
+def summaries_of(progress: Any) -> list[dict[str, Any]]:
+    """The keys' summaries a micro-batch's progress carries, decoded."""
+    observed = (progress.observedMetrics or {}).get(OBSERVATION)
+    summaries = observed.asDict().get(KEY_SUMMARIES) if observed is not None else None
+    return [decode_summary(text) for text in summaries or ()]
+
+
+def counts_of(docs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The counts of keys' summaries by metric, every label summed."""
+    counts: dict[str, int] = {}
+    for doc in docs:
+        for name, *_, n in doc.get("c", ()):
+            counts[name] = counts.get(name, 0) + int(n)
+    return counts
+
+
 class MetricsBoard:
     """Totals and the keys' open transactions since this process started. Thread-safe: fed by
     the progress listener, read by the metrics server."""
@@ -94,24 +111,21 @@ class MetricsBoard:
     def add_progress(self, progress: Any) -> dict[str, int]:
         """One completed micro-batch (a ``StreamingQueryProgress``); returns its counts by
         metric (every label summed)."""
-        observed = (progress.observedMetrics or {}).get(OBSERVATION)
-        summaries = (observed.asDict().get(KEY_SUMMARIES) if observed is not None else None)
+        docs = summaries_of(progress)
         duration = int((progress.durationMs or {}).get("triggerExecution", 0))
         sources = progress.sources or []
         consumed = parse_offsets(sources[0].endOffset) if sources else None
         batch = int(progress.batchId)
-        docs = [decode_summary(text) for text in summaries or ()]
-        counts: dict[str, int] = {}
         with self._lock:
             self._batches += 1
             self._input_rows += int(progress.numInputRows or 0)
             self._last_batch_at = time.time()
             self._observe(BATCH_DURATION, duration)
             for doc in docs:
-                self._fold(batch, doc, counts)
+                self._fold(batch, doc)
             if consumed is not None and batch >= self._consumed_batch:
                 self._consumed, self._consumed_batch = consumed, batch
-        return counts
+        return counts_of(docs)
 
     def seed(self, batch: int, summaries: Iterable[str],
              consumed: Mapping[Position, int] | None = None) -> None:
@@ -158,11 +172,10 @@ class MetricsBoard:
                 out[name] = out.get(name, 0) + n
             return out
 
-    def _fold(self, batch: int, doc: Mapping[str, Any], counts: dict[str, int]) -> None:
+    def _fold(self, batch: int, doc: Mapping[str, Any]) -> None:
         for name, *labels, n in doc.get("c", ()):
             key = (name, tuple(labels))
             self._counters[key] = self._counters.get(key, 0) + int(n)
-            counts[name] = counts.get(name, 0) + int(n)
         for name, counts in doc.get("h", {}).items():
             total = self._histograms.setdefault(name, [0] * (len(BUCKETS_MS) + 2))
             for i, n in enumerate(counts):
