@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from txstream.streaming.engine.key_metrics import Counted
+from txstream.streaming.engine.metric_totals import counts_of, summaries_of
 from txstream.streaming.engine.progress import JsonProgressListener
 
 __all__ = ["Batch", "BatchLog", "percentile", "parts_p50"]
@@ -61,8 +63,7 @@ class BatchLog(JsonProgressListener):
 
     def onQueryProgress(self, event: Any) -> None:
         p = event.progress
-        observed = (p.observedMetrics or {}).get("txstream")
-        row = observed.asDict() if observed is not None else {}
+        counts = counts_of(summaries_of(p))
         durations = p.durationMs or {}
         ops = list(p.stateOperators or [])
         batch = Batch(
@@ -71,9 +72,9 @@ class BatchLog(JsonProgressListener):
             input_rows=int(p.numInputRows or 0),
             duration_ms=int(durations.get("triggerExecution", 0)),
             add_batch_ms=int(durations.get("addBatch", 0)),
-            released=int(row.get("released") or 0),
-            checks=int(row.get("checks_sent") or 0),
-            halves=int(row.get("halves") or 0),
+            released=counts.get(Counted.COMMITS, 0),
+            checks=counts.get(Counted.CHECKS_SENT, 0),
+            halves=counts.get(Counted.HALF_MESSAGES, 0),
             state_rows=sum(int(o.numRowsTotal) for o in ops),
             state_memory_bytes=sum(int(o.memoryUsedBytes) for o in ops),
             parts_ms={k: int(v) for k, v in durations.items()},

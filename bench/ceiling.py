@@ -46,7 +46,6 @@ from txstream.wire import H, pack_headers
 
 __all__ = ["forwarding_function", "ForwardingCoordinator", "measure_ceiling"]
 
-_NO_HISTORY = (None,) * 5
 
 
 def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
@@ -70,8 +69,8 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
         for number, (k, h) in enumerate(ends):
             rid = record_id(tag, int(key[0]), now, number)
             headers = h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, rid.encode())))
-            rows.append(OutputRow(Kind.VISIBLE, real_topic, k, body, headers, None,
-                                  *_NO_HISTORY, rid, now, None, None, None))
+            rows.append(OutputRow(Kind.VISIBLE, real_topic, k, body, headers, rid, now, None,
+                                  None, None))
         yield output_frame(rows)
 
     return forward

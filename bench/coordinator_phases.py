@@ -24,6 +24,7 @@ from bench.workload import RecordWatcher, Workload, now_ms
 from txstream.kafka import KafkaSettings, make_producer, partition_ends, read_topic
 from txstream.message import Decision
 from txstream.outputs import decode_history
+from txstream.state.effects import NoteKind
 from txstream.wire import H
 
 __all__ = ["ThroughputResult", "LatencyResult", "measure_throughput", "measure_latency",
@@ -182,7 +183,7 @@ def _coordinator_lateness(settings: KafkaSettings, workload: Workload, start: di
     out = []
     for rec in read_topic(settings, workload.topics.history, 60, start):
         for note in decode_history(rec.value, rec.key):
-            if (note.get("transaction_id") in txids and note.get("event") == "check_sent"
+            if (note.get("transaction_id") in txids and note.get("event") == NoteKind.CHECK_SENT
                     and note.get("check") == 1):
                 out.append(float(note["late_ms"]))  # type: ignore[arg-type]
     return out

@@ -34,6 +34,7 @@ from txstream.kafka import KafkaSettings
 from txstream.message import Message
 from txstream.outputs import Note, encode_discard, encode_history
 from txstream.refusals import Code
+from txstream.state.effects import NoteKind
 from txstream.streaming.cli import main as txstream
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half, utf8
@@ -47,26 +48,25 @@ STATE_KEYS = 8  # state keys a batch's transactions fall in (one history record 
 def _notes(txid: str, i: int, at: int) -> list[Note]:
     """A transaction's history: 70 % committed, 20 % rolled back after a check, 9 % still
     pending, 1 % discarded."""
-    notes: list[Note] = [(txid, at, "half", {"group": "shop", "topic": "Orders",
-                                             "first_check": at + 6000})]
+    check = {"check": 1, "late_ms": 3, "next_check": at + 66_000}
+    notes: list[Note] = [(txid, at, NoteKind.HALF,
+                          {"group": "shop", "topic": "Orders", "first_check": at + 6000})]
     kind = i % 100
     if kind < 70:
-        notes.append((txid, at, "released", {"decision": "COMMIT_MESSAGE",
-                                             "from_check": False}))
+        notes.append((txid, at, NoteKind.RELEASED,
+                      {"decision": "COMMIT_MESSAGE", "from_check": False}))
     elif kind < 90:
-        notes += [(txid, at + 6000, "check_sent", {"check": 1, "late_ms": 3,
-                                                   "next_check": at + 66_000}),
-                  (txid, at + 6100, "rolled_back", {"decision": "ROLLBACK_MESSAGE",
-                                                    "from_check": True})]
+        notes += [(txid, at + 6000, NoteKind.CHECK_SENT, check),
+                  (txid, at + 6100, NoteKind.ROLLED_BACK,
+                   {"decision": "ROLLBACK_MESSAGE", "from_check": True})]
     elif kind < 99:
-        notes += [(txid, at, "unknown", {"decision": "UNKNOW", "from_check": False,
-                                         "checks_answered": 0}),
-                  (txid, at + 6000, "check_sent", {"check": 1, "late_ms": 3,
-                                                   "next_check": at + 66_000})]
+        notes += [(txid, at, NoteKind.UNKNOWN,
+                   {"decision": "UNKNOW", "from_check": False, "checks_answered": 0}),
+                  (txid, at + 6000, NoteKind.CHECK_SENT, check)]
     else:
-        notes.append((txid, at + 9000, "discarded", {"reason": "still unknown after 15 "
-                                                     "answered checks (check_max=15)",
-                                                     "checks_sent": 15}))
+        notes.append((txid, at + 9000, NoteKind.DISCARDED,
+                      {"reason": "still unknown after 15 answered checks (check_max=15)",
+                       "checks_sent": 15}))
     return notes
 
 

@@ -50,7 +50,7 @@ def _batch(blob: bytes, events: list[Message] | list[EndEvent], now: int,
         started = time.perf_counter()
         before = bucket.get(event.transaction_id) if isinstance(event, EndEvent) else None
         effects = bucket.apply(event, now, POLICY)
-        list(records_for(effects, now, TOPICS))
+        list(records_for(effects, TOPICS))
         middle = time.perf_counter()
         if tally is not None:
             tally.applied(event, before, effects)

@@ -102,7 +102,7 @@ def _per_key(rows: list[EventRow], repeat: int) -> dict[str, float]:
         effects_of.append((event, before, effects))
         notes.extend(e for e in effects if isinstance(e, Note))
     lines = [(n.transaction_id, n.at, n.event, n.detail) for n in notes]
-    emits = [e for _, _, effects in effects_of for e in records_for(effects, T0, TOPICS)]
+    emits = [e for _, _, effects in effects_of for e in records_for(effects, TOPICS)]
     emits += list(history_rows(notes, 7, TOPICS))
     ids = [f"0000abcd.7.{T0}.{i}" for i in range(len(emits))]
     out_rows = output_rows(emits, ids, T0)

@@ -23,7 +23,9 @@ from txstream.errors import MalformedRecord
 from txstream.outputs import decode_history
 from txstream.schema import EventRow
 from txstream.sources.event_rows import outcome_row
+from txstream.state.effects import NoteKind
 from txstream.state.keys import KeyLayout
+from txstream.state.transaction import Status
 
 __all__ = ["JOURNAL", "OUTCOME_OF", "Journal", "outcome_rows"]
 
@@ -32,8 +34,10 @@ JOURNAL = "_journal"
 
 # The history events that end a transaction, and the outcome each one leaves. A lost release
 # was a commit: its half message read again is a duplicate.
-OUTCOME_OF = {"released": "COMMITTED", "rolled_back": "ROLLED_BACK",
-              "discarded": "DISCARDED", "release_lost": "COMMITTED"}
+OUTCOME_OF = {NoteKind.RELEASED: Status.COMMITTED.value,
+              NoteKind.ROLLED_BACK: Status.ROLLED_BACK.value,
+              NoteKind.DISCARDED: Status.DISCARDED.value,
+              NoteKind.RELEASE_LOST: Status.COMMITTED.value}
 
 
 class Journal:

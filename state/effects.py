@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from txstream.message import EndEvent, Message
 
 __all__ = ["Release", "RequestCheck", "Discard", "DiscardCause", "DeadLetter", "BodyLost",
-           "Note", "Effect"]
+           "Note", "NoteKind", "Effect"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +69,40 @@ class DeadLetter:
     code: str
 
 
+class NoteKind(StrEnum):
+    """What a history line tells: the ``event`` of a :class:`Note`, as written in the history
+    topic (the words are the wire format: a new kind adds one, none is renamed). The operator
+    writes them, the metrics count them, ``txstream history`` and the console tell them."""
+
+    HALF = "half"  # the half message registered
+    END_BEFORE_HALF = "end_before_half"  # an end event held until its half message comes
+    CHECK_SENT = "check_sent"  # a back-check asked
+    UNKNOWN = "unknown"  # an answer (or end event) saying the outcome is not known yet
+    RELEASED = "released"  # committed: released to its real topic
+    RELEASE_LOST = "release_lost"  # committed, but the half message's body was gone
+    BODY_GONE = "body_gone"  # the held half message's body can no longer be read
+    ROLLED_BACK = "rolled_back"  # rolled back: never visible
+    DISCARDED = "discarded"  # given up: on the discard topic
+    DUPLICATE = "duplicate"  # a repeated half message or end event, ignored
+    REJECTED = "rejected"  # an end event refused (wrong group, contradicting decision)
+    EXPIRED = "expired"  # held end events whose half message never came
+
+    @property
+    def final(self) -> bool:
+        """The transaction ended (for now: a lost release waits for its half message again)."""
+        return self in _FINAL
+
+
+_FINAL = frozenset({NoteKind.RELEASED, NoteKind.RELEASE_LOST, NoteKind.ROLLED_BACK,
+                    NoteKind.DISCARDED, NoteKind.EXPIRED})
+
+
 @dataclass(frozen=True, slots=True)
 class Note:
     """One line of the transaction's history."""
 
     transaction_id: str
-    event: str
+    event: NoteKind
     at: int
     detail: Mapping[str, object] = field(default_factory=dict)
 

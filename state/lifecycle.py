@@ -29,6 +29,7 @@ from txstream.state.effects import (
     DiscardCause,
     Effect,
     Note,
+    NoteKind,
     Release,
     RequestCheck,
 )
@@ -148,7 +149,7 @@ def _txid(event: Event) -> str:
     return txid
 
 
-def _note(txid: str, event: str, now: int, **detail: object) -> Note:
+def _note(txid: str, event: NoteKind, now: int, **detail: object) -> Note:
     return Note(txid, event, now, detail)
 
 
@@ -201,7 +202,7 @@ def apply(
             f"(owned by {tx.producer_group!r})"
         )
         return tx, [DeadLetter(event, reason, Code.WRONG_GROUP),
-                    _note(txid, "rejected", now, reason=reason)]
+                    _note(txid, NoteKind.REJECTED, now, reason=reason)]
 
     new, effects = _ACTIONS[action](tx, event, now, policy)
     expected = MAY_REACH.get(action, frozenset({after}))
@@ -227,7 +228,7 @@ def on_timeout(tx: Transaction, now: int, policy: Policy, ends_read: int | None 
         reason = f"no half message for transaction {tx.transaction_id} within {waited:g}s"
         effects: list[Effect] = [DeadLetter(end, reason, Code.NO_HALF_MESSAGE)
                                  for end in tx.held]
-        return None, [*effects, _note(tx.transaction_id, "expired", now, reason=reason)]
+        return None, [*effects, _note(tx.transaction_id, NoteKind.EXPIRED, now, reason=reason)]
     # FORGET: the bucket keeps its outcome alone until remember_until (state.outcomes).
     return None, []
 
@@ -249,7 +250,7 @@ def _register(tx: Transaction | None, half: Event, now: int, policy: Policy) -> 
         seen_at=now,
     )
     # What an operator searches by (txstream console): the message id, keys, tags, born time.
-    return new, [_note(txid, "half", now, group=half.producer_group, topic=half.topic,
+    return new, [_note(txid, NoteKind.HALF, now, group=half.producer_group, topic=half.topic,
                        first_check=next_check, msg_id=half.msg_id, keys=half.keys,
                        tags=half.tags, born=half.born_timestamp)]
 
@@ -263,7 +264,7 @@ def _hold_end(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _
         producer_group=end.producer_group,
         held=(end,),
     )
-    return new, [_note(end.transaction_id, "end_before_half", now,
+    return new, [_note(end.transaction_id, NoteKind.END_BEFORE_HALF, now,
                        decision=end.decision.value)]
 
 
@@ -278,20 +279,20 @@ def _merge_held(tx: Transaction | None, end: Event, now: int, policy: Policy) ->
     own = next((h for h in tx.held if _sender(h) == _sender(end)), None)
     if own is None:  # another sender: hold it too, the half message will tell who owns it
         return replace(tx, held=(*tx.held, end)), [
-            _note(txid, "end_before_half", now, decision=end.decision.value)
+            _note(txid, NoteKind.END_BEFORE_HALF, now, decision=end.decision.value)
         ]
     if end.decision.is_final and own.decision.is_final and end.decision != own.decision:
         reason = f"{end.decision.value} contradicts the earlier {own.decision.value}"
         return tx, [DeadLetter(end, reason, Code.CONTRADICTS_OUTCOME),
-                    _note(txid, "rejected", now, reason=reason)]
+                    _note(txid, NoteKind.REJECTED, now, reason=reason)]
     if end.decision.is_final and not own.decision.is_final:
         # The final decision replaces UNKNOW and goes last: held ends are applied in the order
         # their decisions came, so that the first final decision wins.
         others = tuple(h for h in tx.held if h is not own)
         return replace(tx, held=(*others, end)), [
-            _note(txid, "end_before_half", now, decision=end.decision.value)
+            _note(txid, NoteKind.END_BEFORE_HALF, now, decision=end.decision.value)
         ]
-    return tx, [_note(txid, "duplicate", now, decision=end.decision.value)]
+    return tx, [_note(txid, NoteKind.DUPLICATE, now, decision=end.decision.value)]
 
 
 def _apply_held(tx: Transaction | None, half: Event, now: int, policy: Policy) -> _Result:
@@ -314,11 +315,11 @@ def _release(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _R
         # half message sent again is released (RELEASE_AGAIN).
         return _resolved(tx, Status.LOST, now, policy), [
             BodyLost(tx.half, "visible", tx.body_gone),
-            _note(tx.transaction_id, "release_lost", now, reason=tx.body_gone, **detail),
+            _note(tx.transaction_id, NoteKind.RELEASE_LOST, now, reason=tx.body_gone, **detail),
         ]
     return _resolved(tx, Status.COMMITTED, now, policy), [
         Release(tx.half, end.born_timestamp),
-        _note(tx.transaction_id, "released", now, **detail),
+        _note(tx.transaction_id, NoteKind.RELEASED, now, **detail),
     ]
 
 
@@ -326,7 +327,7 @@ def _release_again(tx: Transaction | None, half: Event, now: int, policy: Policy
     assert tx is not None and isinstance(half, Message)
     return _resolved(tx, Status.COMMITTED, now, policy), [
         Release(half),
-        _note(tx.transaction_id, "released", now, again=True, msg_id=half.msg_id),
+        _note(tx.transaction_id, NoteKind.RELEASED, now, again=True, msg_id=half.msg_id),
     ]
 
 
@@ -335,7 +336,7 @@ def _mark_gone(tx: Transaction | None, event: Event, now: int, policy: Policy) -
     if tx.body_gone is not None:
         return tx, []
     return replace(tx, body_gone=event.reason), [
-        _note(tx.transaction_id, "body_gone", now, reason=event.reason)
+        _note(tx.transaction_id, NoteKind.BODY_GONE, now, reason=event.reason)
     ]
 
 
@@ -346,7 +347,7 @@ def _ignore(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _
 def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and isinstance(end, EndEvent)
     return _resolved(tx, Status.ROLLED_BACK, now, policy), [
-        _note(tx.transaction_id, "rolled_back", now, **_decision_detail(end))
+        _note(tx.transaction_id, NoteKind.ROLLED_BACK, now, **_decision_detail(end))
     ]
 
 
@@ -364,14 +365,14 @@ def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
         detail = {"check": answered, **_decision_detail(end)}
     else:
         detail = _decision_detail(end)
-    return new, [_note(tx.transaction_id, "unknown", now, checks_answered=new.checks_answered,
-                       **detail)]
+    return new, [_note(tx.transaction_id, NoteKind.UNKNOWN, now,
+                       checks_answered=new.checks_answered, **detail)]
 
 
 def _duplicate(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and not isinstance(event, BodyGone)
     what = "half" if isinstance(event, Message) else event.decision.value
-    return tx, [_note(tx.transaction_id, "duplicate", now, of=what, status=tx.status.value)]
+    return tx, [_note(tx.transaction_id, NoteKind.DUPLICATE, now, of=what, status=tx.status.value)]
 
 
 def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
@@ -381,7 +382,7 @@ def _reject(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Re
         f"{tx.status.value}"
     )
     return tx, [DeadLetter(end, reason, Code.CONTRADICTS_OUTCOME),
-                _note(tx.transaction_id, "rejected", now, reason=reason)]
+                _note(tx.transaction_id, NoteKind.REJECTED, now, reason=reason)]
 
 
 def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
@@ -402,7 +403,7 @@ def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     late = now - tx.next_check
     return new, [
         RequestCheck(half, number, late, valid_until=next_check),
-        _note(tx.transaction_id, "check_sent", now, check=number, late_ms=late,
+        _note(tx.transaction_id, NoteKind.CHECK_SENT, now, check=number, late_ms=late,
               next_check=next_check),
     ]
 
@@ -425,7 +426,7 @@ def _discard(tx: Transaction, half: Message, now: int, due: int, policy: Policy)
                       else Discard(half, reason, tx.checks_answered, cause))
     return _resolved(tx, Status.DISCARDED, now, policy), [
         effect,
-        _note(tx.transaction_id, "discarded", now, reason=reason, cause=cause, due=due,
+        _note(tx.transaction_id, NoteKind.DISCARDED, now, reason=reason, cause=cause, due=due,
               checks_sent=tx.checks_sent, checks_answered=tx.checks_answered),
     ]
 

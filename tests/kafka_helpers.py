@@ -144,8 +144,8 @@ def output_row(kind: str, topic: str, key: bytes | None, value: bytes | None,
                body_at: tuple[int, int] | None = None) -> OutputRow:
     """An operator output row as the sink takes it; the columns the sink does not read stay
     null. ``body_at``: where in the half topic its body lies (its value is then null)."""
-    return OutputRow(kind, topic, key, value, headers, None, None, None, None, None, None,
-                     record_id, batch_ms, not_before_ms, *(body_at or (None, None)))
+    return OutputRow(kind, topic, key, value, headers, record_id, batch_ms, not_before_ms,
+                     *(body_at or (None, None)))
 
 
 def discard_by_answers(settings: KafkaSettings, topics: Topics, txid: str, group: str,

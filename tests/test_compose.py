@@ -22,10 +22,9 @@ import yaml
 
 from txstream.streaming.cli import build_parser
 from txstream.streaming.cli.options import config_from_args
-from txstream.streaming.engine.board import MetricsBoard
 from txstream.streaming.engine.health import HealthCheck
+from txstream.streaming.engine.metric_totals import MetricsBoard
 from txstream.streaming.engine.metrics import MetricsSources, serve_metrics
-from txstream.streaming.engine.progress import CoordinatorStats
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -199,7 +198,7 @@ def test_the_coordinator_healthcheck_asks_healthz() -> None:
     assert test[:3] == ["CMD", "python", "-c"] and "/healthz" in test[3]
     problem: list[str | None] = ["query stopped"]
     health = HealthCheck(lambda: problem[0], MetricsBoard())
-    server = serve_metrics(0, MetricsSources(CoordinatorStats(), health=health),
+    server = serve_metrics(0, MetricsSources(health=health),
                            host="127.0.0.1")
     try:
         code = test[3].replace("127.0.0.1:9464", f"127.0.0.1:{server.port}")

@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 import pytest
 
 import txstream.console.feed as feed_module
-from txstream.console import FeedStats, Index, IndexFeed, Status, TxQuery
-from txstream.console.entries import Source
+from txstream.console import FeedStats, Index, IndexFeed, IndexStatus, TxQuery
 from txstream.console.index import MEMORY
+from txstream.console.record_entries import Source
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision, Message
+from txstream.state.transaction import Status
 from txstream.streaming.cli import main
-from txstream.streaming.cli.admin import send_decision
+from txstream.streaming.cli.operator_decision import send_decision
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half
 
@@ -89,7 +90,7 @@ def test_a_pending_transaction_shows_its_group_topic_and_checks(
     assert row.next_check_ms is not None and row.next_check_ms > row.born_ms + 1000
     assert {"half", "unknown", "check_sent"} <= set(_history_kinds(index, txid))
 
-    rows, total = index.transactions(TxQuery(statuses=Status.OPEN, group=group))
+    rows, total = index.transactions(TxQuery(statuses=IndexStatus.OPEN, group=group))
     assert [r.transaction_id for r in rows] == [txid] and total == 1
     assert [r.transaction_id for r in index.transactions(TxQuery(text=real))[0]] == [txid]
     assert index.transactions(TxQuery(statuses=(Status.COMMITTED,), group=group)) == ([], 0)
@@ -253,7 +254,7 @@ def test_a_refused_half_message_is_marked_with_the_reason(
     headers = tuple(h for h in record.headers if h[0] != H.PGROUP)
     produce(coord.kafka, [Record(record.topic, record.key, record.value, headers)])
     row = feed_until(feed, lambda: (r := feed.index.transaction(txid))
-                     and r.status == Status.REFUSED and r)
+                     and r.status == IndexStatus.REFUSED and r)
     assert row.reason is not None and H.PGROUP in row.reason
     assert row.real_topic == f"{unique}-real"
 

@@ -21,7 +21,7 @@ import pytest
 
 from txstream.console.server import ConsoleServer
 from txstream.kafka import KafkaSettings
-from txstream.streaming.cli.admin import send_decision
+from txstream.streaming.cli.operator_decision import send_decision
 
 from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import discard_by_answers, wait_until

@@ -15,8 +15,8 @@ import pytest
 
 from txstream.kafka import KafkaSettings
 from txstream.kafka.reading import partition_ends
-from txstream.streaming.engine.board import MetricsBoard
 from txstream.streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
+from txstream.streaming.engine.metric_totals import MetricsBoard
 from txstream.timer_schedule import Schedule
 from txstream.topics import Topics
 

@@ -18,7 +18,8 @@ BELOW: dict[str, set[str]] = {
     "txstream.kafka": {"txstream"},
     "txstream.state": {"txstream"},
     "txstream.client": {"txstream", "txstream.kafka"},
-    "txstream.console": {"txstream", "txstream.kafka"},
+    # The console tells the core's words: its statuses and history note kinds.
+    "txstream.console": {"txstream", "txstream.kafka", "txstream.state"},
     "txstream.sources": {"txstream", "txstream.kafka", "txstream.state"},
     "txstream.sinks": {"txstream", "txstream.kafka", "txstream.state", "txstream.sources"},
     "txstream.streaming.engine": {"txstream", "txstream.kafka", "txstream.state",

@@ -8,18 +8,20 @@ import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pyspark.sql import Row
 
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.state.policy import Policy
 from txstream.streaming.engine.config import RunConfig
 from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.metric_totals import MetricsBoard
 from txstream.streaming.engine.metrics import serve_coordinator, serve_metrics
-from txstream.streaming.engine.progress import CoordinatorStats
+from txstream.streaming.engine.query import OBSERVATION
 from txstream.topics import Topics
 from txstream.wire import Record
 
@@ -150,12 +152,20 @@ def test_pending_gauges_after_a_restart_come_from_the_state(
         second.stop()
 
 
+class _Progress(NamedTuple):
+    batchId: int
+    numInputRows: int
+    observedMetrics: dict[str, Row]
+    durationMs: dict[str, int]
+    sources: tuple[Any, ...] = ()
+
+
 def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
     port = reserve_port()
-    stats = CoordinatorStats()
-    with stats.lock:
-        stats.totals["rejected"] = 7
-    server = serve_metrics(port, stats)
+    board = MetricsBoard()
+    summary = json.dumps({"k": 1, "c": [["rejected", 7]]})
+    board.add_progress(_Progress(0, 7, {OBSERVATION: Row(key_summaries=[summary])}, {}))
+    server = serve_metrics(port, board)
     try:
         assert server.port == port
         assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "txstream_rejected_total") == 7
@@ -167,5 +177,5 @@ def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         pass
     # the same port can be served again at once (a restarted coordinator)
-    again = serve_metrics(port, stats, host="127.0.0.1")
+    again = serve_metrics(port, board, host="127.0.0.1")
     again.close()

@@ -25,6 +25,7 @@ from txstream.state.bucket import Bucket
 from txstream.state.keys import KeyLayout, state_key
 from txstream.state.policy import Policy
 from txstream.state.transaction import Status
+from txstream.streaming.engine.key_metrics import Counted, Timed, decode_summary
 from txstream.streaming.engine.operator import coordinator_function
 from txstream.streaming.engine.records import coordinator_tag
 from txstream.topics import Topics
@@ -97,6 +98,17 @@ def kinds(rows: Sequence[OutputRow]) -> list[str]:
     return [r.kind for r in rows]
 
 
+def tally(rows: Sequence[OutputRow]) -> dict[str, Any]:
+    """The call's metrics: counts by metric (labels summed) and histograms, from its timer
+    row."""
+    [timer] = [r for r in rows if r.kind == Kind.TIMER]
+    doc = decode_summary(timer.value.decode())  # type: ignore[union-attr]
+    counts: dict[str, int] = {}
+    for name, *_, n in doc.get("c", ()):
+        counts[name] = counts.get(name, 0) + n
+    return {"counts": counts, "histograms": doc.get("h", {})}
+
+
 def saved(state: GroupState) -> Bucket:
     assert state.exists
     return Bucket.decode(state.get[0])
@@ -107,7 +119,8 @@ def test_a_half_message_is_stored_and_its_first_check_armed() -> None:
     rows = call(state, [half_row()])
     assert kinds(rows) == [Kind.HISTORY, Kind.TIMER]
     history, timer = rows
-    assert history.history_half == 1 and history.topic == TOPICS.history
+    assert history.topic == TOPICS.history
+    assert tally(rows)["counts"] == {Counted.HALF_MESSAGES: 1}
     # The first check is due at born + transaction timeout; the timeout fires the lead earlier.
     assert state.getCurrentProcessingTimeMs() == T0
     assert state._timeout_timestamp == T0 + 6_000 - 500
@@ -139,7 +152,10 @@ def test_the_timeout_sends_the_check_held_until_due_and_rearms() -> None:
     # Its body lies in the half topic: the sink reads it back, it never passes through the JVM.
     assert check.value is None and (check.body_partition, check.body_offset) == (0, 0)
     # Made ahead of its deadline, so the sink must hold it until then.
-    assert check.not_before_ms == due and check.lag_ms == 0
+    assert check.not_before_ms == due
+    # Asked as of its deadline: no lateness (the first bucket; sum 0 ms).
+    lateness = tally(rows)["histograms"][Timed.CHECK_LATENESS]
+    assert lateness[0] == 1 and sum(lateness[:-1]) == 1 and lateness[-1] == 0
     headers = dict(unpack_headers(check.headers))
     assert headers[H.CHECK_TIMES] == b"1"
     assert headers[H.RECORD_ID].decode() == check.record_id
@@ -158,7 +174,8 @@ def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
     # Its body is read back by the sink from where the half message lies (sinks.bodies).
     assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", None)
     assert (visible.body_partition, visible.body_offset) == (0, 0)
-    assert visible.lag_ms == 100 and visible.not_before_ms is None
+    assert visible.not_before_ms is None
+    assert tally(rows)["histograms"][Timed.COMMIT_TO_VISIBLE][-1] == 100  # ms from the commit
     tx = saved(later).get(TXID)
     assert tx is not None and tx.status is Status.COMMITTED and tx.half is None
     assert later._timeout_timestamp == T0 + 1_000 + 120_000  # no lead: only checks run ahead

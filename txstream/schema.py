@@ -25,7 +25,6 @@ __all__ = [
     "OutputRow",
     "EVENT_SCHEMA",
     "EVENT_COLUMNS",
-    "HISTORY_COUNTED",
     "OUTPUT_SCHEMA",
     "OUTPUT_COLUMNS",
     "STATE_SCHEMA",
@@ -93,16 +92,6 @@ class OutputRow(NamedTuple):
     key: Annotated[bytes | None, "binary"]
     value: Annotated[bytes | None, "binary"]
     headers: Annotated[bytes | None, "binary"]  # txstream.wire.pack_headers
-    # check: ms after its deadline it was asked; visible: ms from the commit's send to release
-    lag_ms: Annotated[int | None, "bigint"]
-    # history: how many lines of each event it holds (the query's counters sum them); else
-    # null. Plain columns, not a map: before each row Spark sizes the Arrow batch it sends the
-    # sink, and sizing a map (list) vector walks it, quadratic in the rows.
-    history_half: Annotated[int | None, "int"]
-    history_rolled_back: Annotated[int | None, "int"]
-    history_rejected: Annotated[int | None, "int"]
-    history_duplicate: Annotated[int | None, "int"]
-    history_expired: Annotated[int | None, "int"]
     # The record's id (also its TXSTREAM_RECORD_ID header) and the micro-batch's time: both the
     # same when a batch is replayed after a crash, so the sink skips what was already written.
     record_id: Annotated[str | None, "string"]
@@ -133,11 +122,6 @@ EVENT_COLUMNS = columns_of(EventRow)
 EVENT_SCHEMA = _ddl(EVENT_COLUMNS)
 OUTPUT_COLUMNS = columns_of(OutputRow)
 OUTPUT_SCHEMA = _ddl(OUTPUT_COLUMNS)
-
-HISTORY_COUNTED_PREFIX = "history_"
-# The history events counted in their own columns, by event name.
-HISTORY_COUNTED = {name[len(HISTORY_COUNTED_PREFIX):]: name for name, _ in OUTPUT_COLUMNS
-                   if name.startswith(HISTORY_COUNTED_PREFIX)}
 
 # The state of one key: its transactions, encoded by state.bucket.Bucket.encode.
 STATE_SCHEMA = "blob binary"

@@ -50,14 +50,26 @@ def require_coordinator(command: str, modules: Sequence[str] = COORDINATOR_MODUL
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from txstream.streaming.cli import admin, broker, console, demo, pending, run, shell, topics
+    from txstream.streaming.cli import (
+        broker,
+        console,
+        consume,
+        demo,
+        history,
+        pending,
+        produce,
+        resolve,
+        run,
+        topics,
+    )
 
     parser = argparse.ArgumentParser(
         prog="txstream",
         description="RocketMQ-style transactional messages on Spark Structured Streaming.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (run, broker, demo, shell, pending, admin, topics, console):
+    for command in (run, broker, demo, produce, consume, pending, resolve, history, topics,
+                    console):
         command.add_parser(sub)
     for plugin in entry_points(group=PLUGIN_GROUP):
         try:

@@ -15,9 +15,10 @@ import logging
 from typing import Any
 
 from txstream.errors import ConfigError
-from txstream.streaming.cli.admin import add_index_argument, send_decision
+from txstream.streaming.cli.operator_decision import send_decision
 from txstream.streaming.cli.options import add_kafka_arguments, env, settings_of, topics_of
 from txstream.streaming.cli.signals import interrupt_on_signals
+from txstream.streaming.cli.transaction_trail import add_index_argument
 
 __all__ = ["add_parser", "console_command"]
 

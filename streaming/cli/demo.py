@@ -31,6 +31,7 @@ from typing import Any
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.message import Message
+from txstream.state.effects import NoteKind
 from txstream.state.policy import Policy
 from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
@@ -44,7 +45,7 @@ from txstream.topics import Topics
 
 __all__ = ["add_parser", "demo_command", "EXPECTED"]
 
-EXPECTED = {"released": 3, "rolled_back": 3, "discarded": 4}
+EXPECTED = {NoteKind.RELEASED: 3, NoteKind.ROLLED_BACK: 3, NoteKind.DISCARDED: 4}
 _MSG_ID = re.compile(r"msgId=([0-9A-Fa-f]+)")
 
 
@@ -275,7 +276,7 @@ def _start_coordinator(args: argparse.Namespace, settings: KafkaSettings, topics
         # Stopping a query interrupts its running batch, which Spark and the sink report as
         # errors; after the summary they would only alarm.
         stack.callback(_quietly(lambda: _hush(coordinator.spark), "logging"))
-    while coordinator.listener.stats.batches < 1:
+    while coordinator.listener.board.view().batches < 1:
         failure = coordinator.failure()
         if failure or not coordinator.query.isActive:
             say(f"the coordinator failed: {failure}")
@@ -312,7 +313,7 @@ def _follow(args: argparse.Namespace, listener: SeedListener, watch: HistoryWatc
             say(f"progress  {line}")
             last = line
         txids = list(listener.bodies)
-        released = outcomes.count("released", txids)
+        released = outcomes.count(NoteKind.RELEASED, txids)
         if len(txids) >= 10 and all(t in outcomes.final for t in txids) and (
             args.role != "all" or len(received) >= released
         ):

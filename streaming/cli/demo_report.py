@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, TopicReader
 from txstream.outputs import decode_history
+from txstream.state.effects import NoteKind
 from txstream.streaming.cli.demo_clients import SeedListener
 from txstream.topics import Topics
 
@@ -20,7 +21,8 @@ __all__ = ["Outcomes", "HistoryWatch", "format_progress", "format_summary",
            "OUTCOMES"]
 
 # history event -> summary label, in the order the summary lists them
-OUTCOMES = {"released": "released", "rolled_back": "rolled back", "discarded": "discarded"}
+OUTCOMES = {NoteKind.RELEASED: "released", NoteKind.ROLLED_BACK: "rolled back",
+            NoteKind.DISCARDED: "discarded"}
 
 
 @dataclass
@@ -33,9 +35,9 @@ class Outcomes:
 
     def add(self, txid: str, note: dict[str, object]) -> None:
         event = str(note.get("event"))
-        if event == "half":
+        if event == NoteKind.HALF:
             self.registered.add(txid)
-        elif event == "check_sent":
+        elif event == NoteKind.CHECK_SENT:
             self.checks[txid] = max(self.checks.get(txid, 0), int(str(note.get("check") or 0)))
         elif event in OUTCOMES:
             self.final.setdefault(txid, event)

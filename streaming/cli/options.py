@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import time
 from dataclasses import MISSING, fields, replace
 from typing import Any
 
@@ -32,7 +31,7 @@ from txstream.streaming.engine.health import HealthThresholds
 from txstream.streaming.engine.spark_settings import JIT_OPTIONS
 from txstream.topics import Topics
 
-__all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of", "format_ms",
+__all__ = ["env", "add_kafka_arguments", "settings_of", "topics_of",
            "add_spark_arguments", "spark_conf_of", "set_log_level", "add_run_arguments",
            "config_from_args", "run_defaults", "duration_text"]
 
@@ -203,14 +202,6 @@ class _KafkaProperty(argparse.Action):
 
 def topics_of(args: argparse.Namespace) -> Topics:
     return Topics.with_prefix(args.topic_prefix or "")
-
-
-def format_ms(epoch_ms: int | None) -> str:
-    """Local wall-clock time with milliseconds, or '-'."""
-    if epoch_ms is None:
-        return "-"
-    seconds, ms = divmod(int(epoch_ms), 1000)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{ms:03d}"
 
 
 def add_spark_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,12 +10,12 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from txstream.console.timeline_text import format_ms
 from txstream.errors import ConfigError
 from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.options import (
     add_spark_arguments,
     env,
-    format_ms,
     set_log_level,
     spark_conf_of,
 )

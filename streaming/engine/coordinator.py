@@ -91,10 +91,11 @@ class Coordinator:
                 self.emit(f"warning: {warning}")
         self.spark = session_for(self.config)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
-        if self.config.metrics_port is not None:
-            from txstream.streaming.engine.board import seed_from_state
+        if self.config.metrics_port is not None or self.emit is not None:
+            from txstream.streaming.engine.metric_totals import seed_from_state
 
-            # Before the query: the pending gauges start from what the checkpoint holds.
+            # Before the query: the pending gauges (and the progress line's pending) start
+            # from what the checkpoint holds.
             seed_from_state(self.listener.board, self.spark, self.config.checkpoint_dir)
         self.spark.streams.addListener(self.listener)
         self.query = self.start_query(self.spark)

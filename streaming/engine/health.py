@@ -2,8 +2,8 @@
 
 The lag of an input partition is its end (the fetch high watermark, read by this process every
 few seconds) less the offset the last completed micro-batch read up to (its progress's end
-offset, :class:`txstream.streaming.engine.board.MetricsBoard`). A stuck batch reports no progress,
-so the ends are read here, not taken from the query's progress.
+offset, :class:`txstream.streaming.engine.metric_totals.MetricsBoard`). A stuck batch reports
+no progress, so the ends are read here, not taken from the query's progress.
 
 ``/healthz`` says 503 with the reason when the query failed or stopped, when the input lag grew
 for longer than a threshold (or was not read at all while records waited), or when a timer is
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from txstream.kafka import KafkaSettings
-from txstream.streaming.engine.board import MetricsBoard, Position
+from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
 
 __all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem"]

@@ -6,9 +6,9 @@ the call, as compact JSON in its ``value``: counts by metric and labels, histogr
 and what the key holds open now (unresolved transactions by status and producer group, the
 oldest born time of a pending one). The query observes the list of these summaries per batch
 (``collect_list``, a few hundred small strings at most, not one per transaction), and the
-driver folds them (:mod:`txstream.streaming.engine.board`). Per-row labels cannot be aggregated with
-``observe`` directly; per key they can, in the worker, for the price of a small dict
-(docs/decisions/0020-metrics.md).
+driver folds them (:mod:`txstream.streaming.engine.metric_totals`). Per-row labels cannot be
+aggregated with ``observe`` directly; per key they can, in the worker, for the price of a small
+dict (docs/decisions/0020-metrics.md).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from txstream.message import Decision, EndEvent, Message
+from txstream.outputs import encode_compact
 from txstream.refusals import Code
 from txstream.state.bucket import Bucket
 from txstream.state.effects import (
@@ -28,13 +29,14 @@ from txstream.state.effects import (
     DiscardCause,
     Effect,
     Note,
+    NoteKind,
     Release,
     RequestCheck,
 )
 from txstream.state.transaction import Transaction
 
 __all__ = ["BUCKETS_MS", "Counted", "Timed", "KeyTally", "OUTCOME", "KEY_SUMMARIES",
-           "decode_summary"]
+           "bucket_of", "decode_summary"]
 
 # The query's observed column that lists the keys' summaries of a batch.
 KEY_SUMMARIES = "key_summaries"
@@ -43,8 +45,15 @@ KEY_SUMMARIES = "key_summaries"
 BUCKETS_MS = (25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000)
 
 
+def bucket_of(ms: int) -> int:
+    """The histogram bucket of ``ms``: the first bound at or above it (len(BUCKETS_MS): past
+    every bound)."""
+    return bisect_left(BUCKETS_MS, ms)
+
+
 class Counted:
-    """The counters a key tallies, each with its label names, in order."""
+    """The counters a key tallies: each one's label names, in order, and what it counts (the
+    metric's help; Prometheus appends ``_total`` to ``txstream_NAME``)."""
 
     HALF_MESSAGES = "half_messages"
     COMMITS = "commits"
@@ -53,6 +62,9 @@ class Counted:
     CHECKS_ANSWERED = "checks_answered"
     DISCARDS = "discards"
     DEAD_LETTERS = "dead_letters"
+    REJECTED = "rejected"
+    DUPLICATES = "duplicates"
+    EXPIRED = "expired"
 
     LABELS: Mapping[str, tuple[str, ...]] = {
         HALF_MESSAGES: ("producer_group", "topic"),
@@ -62,16 +74,35 @@ class Counted:
         CHECKS_ANSWERED: ("producer_group", "outcome"),
         DISCARDS: ("producer_group", "topic", "reason"),
         DEAD_LETTERS: ("reason",),
+        REJECTED: (),
+        DUPLICATES: (),
+        EXPIRED: (),
+    }
+    HELP: Mapping[str, str] = {
+        HALF_MESSAGES: "half messages registered",
+        COMMITS: "messages released to their real topic (committed transactions)",
+        ROLLBACKS: "transactions rolled back",
+        CHECKS_SENT: "back-checks sent to producers",
+        CHECKS_ANSWERED: "back-check answers counted, by the producer's outcome",
+        DISCARDS: "half messages discarded, by reason (check max or reserved time)",
+        DEAD_LETTERS: "records refused to the dead-letter topic, by refusal code",
+        REJECTED: "end events refused (wrong group, contradicting decision)",
+        DUPLICATES: "duplicate half messages or end events recognised",
+        EXPIRED: "end events dead-lettered because their half message never came",
     }
 
 
 class Timed:
-    """The histograms a key tallies (milliseconds)."""
+    """The histograms a key tallies (milliseconds), and what each times (its help)."""
 
     COMMIT_TO_VISIBLE = "commit_to_visible"  # a commit's send to its release
     CHECK_LATENESS = "check_lateness"  # a back-check's deadline to its sending
 
-    ALL = (COMMIT_TO_VISIBLE, CHECK_LATENESS)
+    HELP: Mapping[str, str] = {
+        COMMIT_TO_VISIBLE: "time from a commit's send to its message's release",
+        CHECK_LATENESS: "time a back-check was sent after it was due",
+    }
+    ALL = tuple(HELP)
 
 
 # The ``outcome`` label of an answered check.
@@ -79,10 +110,10 @@ OUTCOME = {Decision.COMMIT_MESSAGE: "commit", Decision.ROLLBACK_MESSAGE: "rollba
            Decision.UNKNOW: "unknown"}
 
 _Labels = tuple[str, ...]
-# The history events :meth:`KeyTally._note` counts.
-_COUNTED_NOTES = frozenset({"half", "rolled_back"})
-# json.dumps with separators builds an encoder per call; every key's call makes a summary.
-_JSON = json.JSONEncoder(separators=(",", ":"))
+# The history notes :meth:`KeyTally._note` counts, and the counter of each.
+_COUNTED_NOTES = {NoteKind.HALF: Counted.HALF_MESSAGES, NoteKind.ROLLED_BACK: Counted.ROLLBACKS,
+                  NoteKind.REJECTED: Counted.REJECTED, NoteKind.DUPLICATE: Counted.DUPLICATES,
+                  NoteKind.EXPIRED: Counted.EXPIRED}
 
 
 class KeyTally:
@@ -114,7 +145,7 @@ class KeyTally:
     def effects(self, effects: Iterable[Effect], half: Message | None = None) -> None:
         """The core's effects (of an event, or of timers: ``half`` None)."""
         for effect in effects:
-            # A note first: nearly every event has one, and only two kinds are counted.
+            # A note first: nearly every event has one, and only some kinds are counted.
             if isinstance(effect, Note):
                 if effect.event in _COUNTED_NOTES:
                     self._note(effect, half)
@@ -139,12 +170,13 @@ class KeyTally:
                                effect.message.topic, DiscardCause.HALF_MESSAGE_LOST)
 
     def _note(self, note: Note, half: Message | None) -> None:
-        if note.event == "half":
-            self.count(Counted.HALF_MESSAGES, _text(note.detail.get("group")),
-                       _text(note.detail.get("topic")))
-        elif note.event == "rolled_back":
-            self.count(Counted.ROLLBACKS, half.producer_group if half else None,
-                       half.topic if half else None)
+        name = _COUNTED_NOTES[note.event]
+        if note.event == NoteKind.HALF:
+            self.count(name, _text(note.detail.get("group")), _text(note.detail.get("topic")))
+        elif note.event == NoteKind.ROLLED_BACK:
+            self.count(name, half.producer_group if half else None, half.topic if half else None)
+        else:
+            self.count(name)
 
     def summary(self, key: int, bucket: Bucket) -> bytes:
         """This call's tally and what ``bucket`` holds open now, as compact JSON."""
@@ -158,7 +190,7 @@ class KeyTally:
             doc["p"] = [[status, group, n] for (status, group), n in open_counts.items()]
         if oldest is not None:
             doc["o"] = oldest
-        return _JSON.encode(doc).encode("utf-8")
+        return encode_compact(doc)
 
 
 def _text(value: object) -> str | None:
@@ -169,7 +201,7 @@ def _buckets(values: list[int]) -> list[int]:
     """Per-bucket counts (not cumulative; the last one past every bound), then the sum (ms)."""
     counts = [0] * (len(BUCKETS_MS) + 1)
     for value in values:
-        counts[bisect_left(BUCKETS_MS, value)] += 1  # the first bound at or above it
+        counts[bucket_of(value)] += 1
     return [*counts, sum(values)]
 
 

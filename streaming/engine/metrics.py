@@ -1,9 +1,10 @@
 """Prometheus metrics and ``/healthz`` of a running coordinator: ``txstream run --metrics-port``.
 
-Collectors read the driver's figures at scrape time: the per-kind totals of the progress lines
-(:class:`CoordinatorStats`), the labelled counters, histograms and open transactions the keys
-reported (:class:`MetricsBoard`), the input lag (:class:`LagWatch`) and the driver's heap. So
-nothing is counted twice, and every figure is Spark's own, batch by batch. Each server has its
+Collectors read the driver's figures at scrape time: the labelled counters, histograms and open
+transactions the keys reported and the batches counted (:class:`MetricsBoard`), the input lag
+(:class:`LagWatch`) and the driver's heap. So nothing is counted twice, and every figure is
+Spark's own, batch by batch. What a key tallies, and its help text, is said once, in
+:mod:`txstream.streaming.engine.key_metrics` (``Counted``, ``Timed``). Each server has its
 own registry: several coordinators (or tests) in one process never share a counter. The
 metric names and their labels are listed in docs/operations.md.
 """
@@ -30,7 +31,6 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from txstream.streaming.engine.board import BATCH_DURATION, BoardView, MetricsBoard
 from txstream.streaming.engine.health import (
     HealthCheck,
     HealthThresholds,
@@ -38,51 +38,20 @@ from txstream.streaming.engine.health import (
     query_problem,
 )
 from txstream.streaming.engine.key_metrics import BUCKETS_MS, Counted, Timed
-from txstream.streaming.engine.progress import CoordinatorStats
+from txstream.streaming.engine.metric_totals import BATCH_DURATION, BoardView, MetricsBoard
 
-__all__ = ["serve_metrics", "serve_coordinator", "MetricsServer", "StatsCollector",
-           "BoardCollector", "MetricsSources", "COUNTER_HELP", "LABELLED_HELP",
-           "HISTOGRAM_HELP", "driver_heap"]
+__all__ = ["serve_metrics", "serve_coordinator", "MetricsServer", "BoardCollector",
+           "MetricsSources", "DRIVER_HELP", "HISTOGRAM_HELP", "driver_heap"]
 
-# snapshot key -> help text, for the figures the keys do not tally. Prometheus appends _total.
-COUNTER_HELP: dict[str, str] = {
-    "rejected": "end events refused (wrong group, contradicting decision)",
-    "duplicates": "duplicate half messages or end events recognised",
-    "expired": "end events dead-lettered because their half message never came",
+# The driver's own counters (the keys' are Counted's). Prometheus appends _total.
+DRIVER_HELP: dict[str, str] = {
     "batches": "micro-batches completed",
     "input_rows": "records read from the half and end topics",
 }
 
-# The keys' counters (streaming.engine.key_metrics.Counted): help text, by metric.
-LABELLED_HELP: dict[str, str] = {
-    Counted.HALF_MESSAGES: "half messages registered",
-    Counted.COMMITS: "messages released to their real topic (committed transactions)",
-    Counted.ROLLBACKS: "transactions rolled back",
-    Counted.CHECKS_SENT: "back-checks sent to producers",
-    Counted.CHECKS_ANSWERED: "back-check answers counted, by the producer's outcome",
-    Counted.DISCARDS: "half messages discarded, by reason (check max or reserved time)",
-    Counted.DEAD_LETTERS: "records refused to the dead-letter topic, by refusal code",
-}
-
-HISTOGRAM_HELP: dict[str, str] = {
-    Timed.COMMIT_TO_VISIBLE: "time from a commit's send to its message's release",
-    Timed.CHECK_LATENESS: "time a back-check was sent after it was due",
-    BATCH_DURATION: "duration of a micro-batch",
-}
+HISTOGRAM_HELP: dict[str, str] = {**Timed.HELP, BATCH_DURATION: "duration of a micro-batch"}
 
 _BOUNDS_S = [f"{ms / 1000:g}" for ms in BUCKETS_MS] + ["+Inf"]
-
-
-class StatsCollector(Collector):
-    """The per-kind totals of :class:`CoordinatorStats` the keys do not tally."""
-
-    def __init__(self, stats: CoordinatorStats) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.stats.snapshot()
-        for key, text in COUNTER_HELP.items():
-            yield CounterMetricFamily(f"txstream_{key}", text, value=float(snap.get(key, 0)))
 
 
 def driver_heap(spark: Any) -> Callable[[], tuple[int, int]]:
@@ -97,7 +66,6 @@ def driver_heap(spark: Any) -> Callable[[], tuple[int, int]]:
 class MetricsSources:
     """What a coordinator's ``/metrics`` and ``/healthz`` read; any of them may be absent."""
 
-    stats: CoordinatorStats
     board: MetricsBoard | None = None
     lag: LagWatch | None = None
     heap: Callable[[], tuple[int, int]] | None = None
@@ -121,12 +89,19 @@ class BoardCollector(Collector):
         yield from self._heap()
 
     def _counters(self, view: BoardView | None) -> Iterable[Metric]:
-        for name, text in LABELLED_HELP.items():
-            family = CounterMetricFamily(f"txstream_{name}", text, labels=Counted.LABELS[name])
-            for (metric, labels), n in (view.counters.items() if view else ()):
-                if metric == name:
-                    family.add_metric(list(labels), float(n))
+        for name, text in Counted.HELP.items():
+            labels = Counted.LABELS[name]
+            family = CounterMetricFamily(f"txstream_{name}", text, labels=labels)
+            samples = [(list(values), float(n)) for (metric, values), n
+                       in (view.counters.items() if view else ()) if metric == name]
+            if not labels and not samples:
+                samples = [([], 0.0)]  # a counter without labels is there from the start
+            for values, n in samples:
+                family.add_metric(values, n)
             yield family
+        driver = {"batches": view.batches, "input_rows": view.input_rows} if view else {}
+        for name, text in DRIVER_HELP.items():
+            yield CounterMetricFamily(f"txstream_{name}", text, value=float(driver.get(name, 0)))
 
     def _histograms(self, view: BoardView | None) -> Iterable[Metric]:
         for name, text in HISTOGRAM_HELP.items():
@@ -230,14 +205,14 @@ class MetricsServer:
             close()
 
 
-def serve_metrics(port: int, stats: CoordinatorStats | MetricsSources,
+def serve_metrics(port: int, sources: MetricsSources | MetricsBoard,
                   host: str = "0.0.0.0") -> MetricsServer:
     """Serve ``/metrics`` (and ``/healthz`` when given a health check) on ``HOST:PORT`` from a
     daemon thread. ``host`` defaults to all interfaces (a scraper in another container must
     reach it); ``port=0`` picks a free port (see ``MetricsServer.port``)."""
-    sources = stats if isinstance(stats, MetricsSources) else MetricsSources(stats)
+    if isinstance(sources, MetricsBoard):
+        sources = MetricsSources(sources)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(StatsCollector(sources.stats))
     registry.register(BoardCollector(sources))
     # The process's CPU, memory and open files, as the default registry would have them.
     registry.register(ProcessCollector(registry=None))
@@ -262,8 +237,7 @@ def serve_coordinator(coordinator: Any, thresholds: HealthThresholds | None = No
                    window_s=thresholds.lag_growing_s).start()
     health = HealthCheck(lambda: query_problem(coordinator), board, lag,
                          schedule_file(str(config.checkpoint_dir)), thresholds)
-    sources = MetricsSources(coordinator.listener.stats, board, lag,
-                             driver_heap(coordinator.spark), health)
+    sources = MetricsSources(board, lag, driver_heap(coordinator.spark), health)
     try:
         server = serve_metrics(config.metrics_port if port is None else port, sources,
                                config.metrics_host if host is None else host)

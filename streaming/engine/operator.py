@@ -165,7 +165,7 @@ def coordinator_function(
             before = (bucket.get(event.transaction_id)
                       if isinstance(event, EndEvent) and event.transaction_id else None)
             effects = bucket.apply(event, now, policy)
-            rows.extend(records_for(effects, now, topics, limit=max_record))
+            rows.extend(records_for(effects, topics, limit=max_record))
             notes.extend(e for e in effects if isinstance(e, Note))
             tally.applied(event, before, effects)
 
@@ -188,7 +188,7 @@ def coordinator_function(
         # Timers due within the lead run now, as of their deadlines, and the sink holds their
         # records until then: the batch's own run time is then mostly behind them.
         for at, fired in bucket.run_timers(now, policy.timer_lead, policy, ends_read):
-            rows.extend(records_for(fired, now, topics, not_before=at if at > now else None,
+            rows.extend(records_for(fired, topics, not_before=at if at > now else None,
                                     limit=max_record))
             notes.extend(e for e in fired if isinstance(e, Note))
             tally.effects(fired)

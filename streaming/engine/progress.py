@@ -1,24 +1,25 @@
-"""What the coordinator did, batch by batch: counters from the query's observed metrics.
+"""What the coordinator did, batch by batch: the keys' tallies, folded on the driver.
 
-The operator's outputs are counted inside the query (``Dataset.observe``), so the figures are
-Spark's own, arrive with each ``QueryProgressEvent`` on the driver, and need no extra job.
+Each state key's call tallies what the core decided (:mod:`txstream.streaming.engine.key_metrics`)
+and the query observes the tallies (``Dataset.observe``), so the figures are Spark's own,
+arrive with each ``QueryProgressEvent`` on the driver, and need no extra job. The listener
+folds them into a :class:`~txstream.streaming.engine.metric_totals.MetricsBoard` and prints a
+line per batch that did something.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
-from txstream.streaming.engine.board import MetricsBoard
+from txstream.streaming.engine.key_metrics import Counted
+from txstream.streaming.engine.metric_totals import MetricsBoard
 
-__all__ = ["CoordinatorStats", "JsonProgressListener", "ProgressListener", "COUNTERS",
-           "format_batch"]
+__all__ = ["JsonProgressListener", "ProgressListener", "format_batch"]
 
 
 class _JsonBridge(JStreamingQueryListener):
@@ -49,99 +50,32 @@ class JsonProgressListener(StreamingQueryListener):
             self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(_JsonBridge(self))
         return self._jlistenerobj
 
-COUNTERS = (
-    "halves",
-    "released",
-    "rolled_back",
-    "checks_sent",
-    "discarded",
-    "dead_letters",
-    "rejected",
-    "duplicates",
-    "expired",
-)
 
+def format_batch(progress: Any, counts: Mapping[str, int], pending: int | None) -> str:
+    """A batch's line: what it read, what the keys did (``counts``, by metric), and the
+    transactions left unresolved (None: not known yet, before the state was read)."""
+    duration = int((progress.durationMs or {}).get("triggerExecution", 0))
 
-@dataclass
-class CoordinatorStats:
-    """Totals since this process started, plus the last batch. Thread-safe."""
+    def n(name: str) -> int:
+        return counts.get(name, 0)
 
-    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
-    batches: int = 0
-    input_rows: int = 0
-    last_batch_ms: int = 0
-    last_batch_id: int = -1
-    check_late_max_ms: int = 0
-    check_late_sum_ms: int = 0
-    visible_lag_sum_ms: int = 0
-    visible_lag_count: int = 0
-    visible_lag_max_ms: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def pending(self) -> int:
-        """Transactions seen by this process and not resolved yet (approximate after restart)."""
-        t = self.totals
-        return max(0, t["halves"] - t["released"] - t["rolled_back"] - t["discarded"])
-
-    def add_batch(self, progress: Any) -> dict[str, int]:
-        observed = (progress.observedMetrics or {}).get("txstream")
-        row = observed.asDict() if observed is not None else {}
-        batch = {name: int(row.get(name) or 0) for name in COUNTERS}
-        with self.lock:
-            for name, value in batch.items():
-                self.totals[name] += value
-            self.batches += 1
-            self.input_rows += int(progress.numInputRows or 0)
-            self.last_batch_id = int(progress.batchId)
-            self.last_batch_ms = int((progress.durationMs or {}).get("triggerExecution", 0))
-            late_max = int(row.get("check_late_max_ms") or 0)
-            self.check_late_max_ms = max(self.check_late_max_ms, late_max)
-            self.check_late_sum_ms += int(row.get("check_late_sum_ms") or 0)
-            self.visible_lag_sum_ms += int(row.get("visible_lag_sum_ms") or 0)
-            self.visible_lag_count += int(row.get("visible_lag_count") or 0)
-            lag_max = int(row.get("visible_lag_max_ms") or 0)
-            self.visible_lag_max_ms = max(self.visible_lag_max_ms, lag_max)
-        return batch
-
-    def snapshot(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                **self.totals,
-                "pending": self.pending,
-                "batches": self.batches,
-                "input_rows": self.input_rows,
-                "last_batch_ms": self.last_batch_ms,
-                "check_late_max_ms": self.check_late_max_ms,
-                "visible_lag_avg_ms": (
-                    self.visible_lag_sum_ms / self.visible_lag_count
-                    if self.visible_lag_count else 0.0
-                ),
-                "visible_lag_max_ms": self.visible_lag_max_ms,
-            }
-
-
-def format_batch(progress: Any, batch: dict[str, int], stats: CoordinatorStats) -> str:
     return (
-        f"batch {progress.batchId}: {progress.numInputRows} events in "
-        f"{stats.last_batch_ms} ms | released {batch['released']} rolled back "
-        f"{batch['rolled_back']} checks {batch['checks_sent']} discarded {batch['discarded']} "
-        f"dead letters {batch['dead_letters']} | pending ~{stats.pending}"
+        f"batch {progress.batchId}: {progress.numInputRows} events in {duration} ms | "
+        f"released {n(Counted.COMMITS)} rolled back {n(Counted.ROLLBACKS)} checks "
+        f"{n(Counted.CHECKS_SENT)} discarded {n(Counted.DISCARDS)} dead letters "
+        f"{n(Counted.DEAD_LETTERS)} | pending {'?' if pending is None else pending}"
     )
 
 
 class ProgressListener(JsonProgressListener):
-    """Feeds :class:`CoordinatorStats` and the labelled :class:`MetricsBoard`; prints one line
-    per batch that did something."""
+    """Feeds the :class:`MetricsBoard`; prints one line per batch that did something."""
 
     def __init__(
         self,
-        stats: CoordinatorStats | None = None,
         emit: Callable[[str], None] | None = None,
         query_name: str | None = None,
         board: MetricsBoard | None = None,
     ) -> None:
-        self.stats = stats or CoordinatorStats()
         self.board = board or MetricsBoard(open_known=False)
         self.emit = emit
         self.query_name = query_name
@@ -154,10 +88,9 @@ class ProgressListener(JsonProgressListener):
         progress = event.progress
         if self.query_name and progress.name != self.query_name:
             return
-        batch = self.stats.add_batch(progress)
-        self.board.add_progress(progress)
-        if self.emit and (progress.numInputRows or any(batch.values())):
-            self.emit(format_batch(progress, batch, self.stats))
+        counts = self.board.add_progress(progress)
+        if self.emit and (progress.numInputRows or any(counts.values())):
+            self.emit(format_batch(progress, counts, self.board.view().pending))
 
     def onQueryIdle(self, event: Any) -> None:
         pass

@@ -3,7 +3,7 @@
     txstream-events (half + end topics), each record with its state key      [state.keys]
       -> groupBy(state_key).applyInPandasWithState(ProcessingTimeTimeout)
                                                         [streaming.engine.operator]
-      -> observe(per-kind counters, keys' metrics)      [streaming.engine.progress, board]
+      -> observe(the keys' tallies)            [streaming.engine.progress, metric_totals]
       -> txstream-records (real topics, check topics, discard, dead letter, history)
 
 The query is built from three pieces, each usable alone: :func:`event_stream` (the source),
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from txstream.options import to_options
-from txstream.schema import HISTORY_COUNTED, OUTPUT_SCHEMA, STATE_SCHEMA, Kind
+from txstream.schema import OUTPUT_SCHEMA, STATE_SCHEMA, Kind
 from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
 from txstream.streaming.engine.checkpoint import Checkpoint, pin_layout
@@ -43,34 +43,12 @@ OBSERVATION = "txstream"
 
 
 def _observed_metrics() -> list[Any]:
-    """Per-batch counters, delivered to StreamingQueryListeners on the driver."""
+    """Each key's tally of the batch, from its timer row (streaming.engine.key_metrics),
+    delivered to StreamingQueryListeners on the driver."""
     from pyspark.sql import functions as F
 
-    def count(condition: Any, name: str) -> Any:
-        return F.count(F.when(condition, 1)).alias(name)
-
-    kind = F.col("kind")
-
-    def history(event: str, name: str) -> Any:
-        return F.coalesce(F.sum(F.col(HISTORY_COUNTED[event])), F.lit(0)).alias(name)
-
     return [
-        count(kind == Kind.VISIBLE, "released"),
-        count(kind == Kind.CHECK, "checks_sent"),
-        count(kind == Kind.DISCARD, "discarded"),
-        count(kind == Kind.DEAD_LETTER, "dead_letters"),
-        history("half", "halves"),
-        history("rolled_back", "rolled_back"),
-        history("rejected", "rejected"),
-        history("duplicate", "duplicates"),
-        history("expired", "expired"),
-        F.max(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_max_ms"),
-        F.sum(F.when(kind == Kind.CHECK, F.col("lag_ms"))).alias("check_late_sum_ms"),
-        F.max(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_max_ms"),
-        F.sum(F.when(kind == Kind.VISIBLE, F.col("lag_ms"))).alias("visible_lag_sum_ms"),
-        count((kind == Kind.VISIBLE) & F.col("lag_ms").isNotNull(), "visible_lag_count"),
-        # Each key's metrics of the batch, from its timer row (streaming.engine.key_metrics).
-        F.collect_list(F.when(kind == Kind.TIMER, F.col("value").cast("string")))
+        F.collect_list(F.when(F.col("kind") == Kind.TIMER, F.col("value").cast("string")))
         .alias(KEY_SUMMARIES),
     ]
 
@@ -108,8 +86,8 @@ def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
 
 
 def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
-    """``function`` run per state key with its state and a processing-time timeout, its
-    ``OutputRow`` rows counted per batch (``observe``)."""
+    """``function`` run per state key with its state and a processing-time timeout, the keys'
+    tallies of each batch observed (``observe``)."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     return (
@@ -145,7 +123,6 @@ def build_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
                                     max_record=config.max_message_bytes)
     outputs = stateful_outputs(event_stream(spark, config, timer_file), function)
     if not config.history:
-        # After observe: the query's counters are read from the history rows.
         outputs = outputs.filter(F.col("kind") != Kind.HISTORY)
     return record_writer(outputs, config, timer_file)
 

@@ -9,8 +9,7 @@ which is how the sink recognises what a crashed run already wrote
 from __future__ import annotations
 
 import zlib
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +25,7 @@ from txstream.outputs import (
     encode_visible,
 )
 from txstream.refusals import Code
-from txstream.schema import HISTORY_COUNTED, OUTPUT_COLUMNS, EventKind, Kind, OutputRow
+from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind, OutputRow
 from txstream.sources.events import Malformed
 from txstream.state.effects import (
     BodyLost,
@@ -62,8 +61,6 @@ class Emit(NamedTuple):
 
     kind: str
     record: Record
-    lag_ms: int | None = None
-    history: Mapping[str, int] | None = None  # a history row: the count of each event
     not_before_ms: int | None = None  # the sink holds it until then (a timer run ahead)
     # (partition, offset) of the half topic record whose value is this record's value, which
     # the sink reads back (record.value is then null): a half message from the state.
@@ -133,7 +130,6 @@ def _body_missing(message: Message) -> bool:
 
 def records_for(
     effects: Iterable[Effect],
-    now: int,
     topics: Topics,
     not_before: int | None = None,
     limit: int = KAFKA_MAX_MESSAGE_BYTES,
@@ -146,34 +142,30 @@ def records_for(
             kind = {Release: Kind.VISIBLE, RequestCheck: Kind.CHECK}.get(type(effect), "discard")
             yield Emit(Kind.DEAD_LETTER, _body_lost(
                 effect.message, kind, "is nowhere to be read (a coordinator defect: please report)",
-                topics, limit), None, None, not_before)
+                topics, limit), not_before)
         elif isinstance(effect, Release):
-            lag = now - effect.committed_at if effect.committed_at is not None else None
-            yield Emit(Kind.VISIBLE, encode_visible(effect.message), lag, None, not_before,
+            yield Emit(Kind.VISIBLE, encode_visible(effect.message), not_before,
                        body_at(effect.message))
         elif isinstance(effect, RequestCheck):
             record = encode_check(effect.message, effect.check_times, topics, effect.valid_until)
-            yield Emit(Kind.CHECK, record, effect.late_ms, None, not_before,
-                       body_at(effect.message))
+            yield Emit(Kind.CHECK, record, not_before, body_at(effect.message))
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)
-            yield Emit(Kind.DISCARD, record, None, None, not_before, body_at(effect.message))
+            yield Emit(Kind.DISCARD, record, not_before, body_at(effect.message))
         elif isinstance(effect, BodyLost):
             yield Emit(Kind.DEAD_LETTER, _body_lost(effect.message, effect.instead_of,
-                                                    effect.reason, topics, limit),
-                       None, None, not_before)
+                                                    effect.reason, topics, limit), not_before)
         elif isinstance(effect, DeadLetter):
-            yield Emit(Kind.DEAD_LETTER, _refused_event(effect, topics, limit), None, None,
-                       not_before)
+            yield Emit(Kind.DEAD_LETTER, _refused_event(effect, topics, limit), not_before)
 
 
 def history_rows(notes: list[Note], key: int, topics: Topics,
                  limit: int = KAFKA_MAX_MESSAGE_BYTES) -> Iterator[Emit]:
-    """The history records of a key's notes in a batch (one, unless they would not fit in one
-    record), each with the count of each event it holds (the query's metrics sum them)."""
+    """The history records of a key's notes in a batch: one, unless they would not fit in
+    one record."""
     lines = [(n.transaction_id, n.at, n.event, n.detail) for n in notes]
-    for record, held in encode_history(lines, str(key).encode("ascii"), topics, limit):
-        yield Emit(Kind.HISTORY, record, history=dict(Counter(event for _, _, event, _ in held)))
+    for record, _ in encode_history(lines, str(key).encode("ascii"), topics, limit):
+        yield Emit(Kind.HISTORY, record)
 
 
 def timer_row(key: int, timeout_ms: int | None, summary: bytes | None = None) -> Emit:
@@ -201,14 +193,12 @@ def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
     """The emitted records as output rows, each with its id (None: a timer row)."""
     rows = []
     for emit, rid in zip(emits, ids, strict=True):
-        record, counts = emit.record, emit.history or {}
+        record = emit.record
         headers = (pack_headers((*record.headers, (H.RECORD_ID, rid.encode("ascii"))))
                    if rid else None)
         rows.append(OutputRow(
-            emit.kind, record.topic, record.key, record.value, headers, emit.lag_ms,
-            *(counts.get(event) for event in HISTORY_COUNTED),
-            rid, batch_ms, emit.not_before_ms,
-            *(emit.body_at or (None, None)),
+            emit.kind, record.topic, record.key, record.value, headers, rid, batch_ms,
+            emit.not_before_ms,            *(emit.body_at or (None, None)),
         ))
     return rows
 

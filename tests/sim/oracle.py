@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from txstream.console.entries import Entry, Source, entries_of
-from txstream.console.fold import Status as ConsoleStatus
-from txstream.console.fold import TxRow, fold
+from txstream.console.record_entries import Entry, Source, entries_of
+from txstream.console.transaction_rows import TxRow, fold
 from txstream.headers import header_dict
 from txstream.message import Decision
 from txstream.outputs import decode_history
 from txstream.refusals import Code
 from txstream.schema import Kind
+from txstream.state.transaction import Status
 from txstream.streaming.engine.key_metrics import Counted, decode_summary
 from txstream.wire import H
 
@@ -154,7 +154,7 @@ def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any,
             row = TxRow(txid)
             for entry in sorted(seen.entries.get(txid, ()), key=lambda e: (e.at_ms, e.offset)):
                 fold(row, entry)
-            if row.status == ConsoleStatus.COMMITTED and txid not in seen.released:
+            if row.status == Status.COMMITTED and txid not in seen.released:
                 _fail(5, txid, "the console says COMMITTED; nothing is on its real topic")
 
 

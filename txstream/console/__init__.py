@@ -9,9 +9,9 @@ too. ``txstream.console.web``: the pages and the JSON API of ``txstream console`
 """
 
 from txstream.console.feed import Feeder, FeedStats, IndexFeed, catch_up
-from txstream.console.fold import Status, TxRow
 from txstream.console.index import MEMORY, Index
-from txstream.console.queries import EventRow, TxQuery
+from txstream.console.queries import TimelineRow, TxQuery
+from txstream.console.transaction_rows import IndexStatus, TxRow
 
-__all__ = ["Index", "MEMORY", "IndexFeed", "Feeder", "FeedStats", "catch_up", "Status",
-           "TxRow", "EventRow", "TxQuery"]
+__all__ = ["Index", "MEMORY", "IndexFeed", "Feeder", "FeedStats", "catch_up", "IndexStatus",
+           "TxRow", "TimelineRow", "TxQuery"]

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from txstream.console.entries import Entry, Source, entries_of
 from txstream.console.index import Index
+from txstream.console.record_entries import Entry, Source, entries_of
 from txstream.errors import MalformedRecord, TxStreamError
 from txstream.kafka import (
     PATIENT_FETCH_WAIT_MS,

@@ -1,9 +1,10 @@
 """The console's index: an embedded SQLite database of what the coordinator wrote.
 
-Tables: ``transactions`` (one row per transaction, :class:`~console.fold.TxRow`), ``events``
-(the timeline: every history note, discard, dead letter and half message, with its time and
-details), ``message_keys`` (each business key of a transaction's KEYS), ``offsets`` (the next
-offset to read of every topic partition) and ``meta``.
+Tables: ``transactions`` (one row per transaction,
+:class:`~txstream.console.transaction_rows.TxRow`), ``events`` (the timeline: every history
+note, discard, dead letter and half message, with its time and details), ``message_keys``
+(each business key of a transaction's KEYS), ``offsets`` (the next offset to read of every topic
+partition) and ``meta``.
 
 A chunk of records is applied in one SQLite transaction together with its partition's next
 offset (:meth:`Index.apply`): a restart resumes exactly where the last chunk ended, and a
@@ -23,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from txstream.console.entries import Entry
-from txstream.console.fold import COLUMNS, TxRow, fold, keys_of
 from txstream.console.queries import Queries
+from txstream.console.record_entries import Entry
+from txstream.console.transaction_rows import COLUMNS, TxRow, fold, keys_of
 from txstream.errors import ConfigError
 
 __all__ = ["Index", "SCHEMA_VERSION", "MEMORY"]

@@ -13,16 +13,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from txstream.console.entries import Source
-from txstream.console.fold import COLUMNS, Status, TxRow
+from txstream.console.record_entries import Source
+from txstream.console.transaction_rows import COLUMNS, IndexStatus, TxRow
 
-__all__ = ["EventRow", "TxQuery", "Queries", "SORTS", "REFUSED_SOURCES"]
+__all__ = ["TimelineRow", "TxQuery", "Queries", "SORTS", "REFUSED_SOURCES"]
 
 REFUSED_SOURCES = (Source.DISCARD, Source.DEAD_LETTER)
 _MAX_LIMIT = 1000
 
 
-class EventRow(NamedTuple):
+class TimelineRow(NamedTuple):
     """One row of the ``events`` table: an entry of a transaction's timeline."""
 
     seq: int
@@ -72,9 +72,9 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
-def _event(values: Sequence[Any]) -> EventRow:
+def _event(values: Sequence[Any]) -> TimelineRow:
     seq, txid, at, kind, source, detail, origin = values
-    return EventRow(seq, txid, at, kind, source, json.loads(detail), origin)
+    return TimelineRow(seq, txid, at, kind, source, json.loads(detail), origin)
 
 
 def _text_filter(text: str) -> tuple[str, list[Any]]:
@@ -132,7 +132,7 @@ class Queries:
                          "WHERE transaction_id = ?", (txid,))
         return TxRow(*rows[0]) if rows else None
 
-    def events(self, txid: str, sources: Sequence[str] = ()) -> list[EventRow]:
+    def events(self, txid: str, sources: Sequence[str] = ()) -> list[TimelineRow]:
         """A transaction's timeline, oldest first (``sources``: only those)."""
         sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE transaction_id = ?"
         params: list[Any] = [txid]
@@ -142,7 +142,7 @@ class Queries:
         return [_event(v) for v in self._all(sql + " ORDER BY at_ms, seq", params)]
 
     def refused(self, sources: Sequence[str] = REFUSED_SOURCES, limit: int = 200,
-                offset: int = 0) -> tuple[list[EventRow], int]:
+                offset: int = 0) -> tuple[list[TimelineRow], int]:
         """Discards and dead letters, newest first, and how many there are."""
         marks = ", ".join("?" * len(sources))
         rows = self._all(f"SELECT {_EVENT_COLUMNS} FROM events WHERE source IN ({marks}) "
@@ -171,7 +171,7 @@ class Queries:
 
     def counts(self) -> dict[str, int]:
         """Transactions by status, and the number of events."""
-        out = {status: 0 for status in Status.ALL}
+        out = {status: 0 for status in IndexStatus.ALL}
         out.update({s or "": n for s, n in self._all(
             "SELECT status, COUNT(*) FROM transactions GROUP BY status")})
         [(events,)] = self._all("SELECT COUNT(*) FROM events")

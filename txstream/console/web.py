@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 from flask import Flask, abort, jsonify, redirect, render_template, request, url_for
 
-from txstream.console.describe import describe_event, format_ms
 from txstream.console.feed import FeederStatus
-from txstream.console.fold import Status, TxRow, keys_of
 from txstream.console.index import Index
-from txstream.console.queries import SORTS, EventRow, TxQuery
+from txstream.console.queries import SORTS, TimelineRow, TxQuery
+from txstream.console.timeline_text import describe_event, format_ms
+from txstream.console.transaction_rows import IndexStatus, TxRow, keys_of
 from txstream.errors import TxStreamError
 from txstream.message import Decision
 
@@ -37,8 +37,9 @@ _MAX_REASON_CHARS = 300
 
 
 class Resolver(Protocol):
-    """Writes an operator's decision (``txstream.streaming.cli.admin.send_decision``, bound to the
-    console's Kafka settings and topics); returns where it was written."""
+    """Writes an operator's decision
+    (``txstream.streaming.cli.operator_decision.send_decision``, bound to the console's Kafka
+    settings and topics); returns where it was written."""
 
     def __call__(self, txid: str, decision: Decision, operator: str, reason: str | None
                  ) -> Any: ...
@@ -74,7 +75,7 @@ def tx_json(row: TxRow, now_ms: int) -> dict[str, Any]:
     return out
 
 
-def event_json(event: EventRow) -> dict[str, Any]:
+def event_json(event: TimelineRow) -> dict[str, Any]:
     return {"at_ms": event.at_ms, "kind": event.kind, "source": event.source,
             "transaction_id": event.transaction_id, "text": describe_event(event),
             "origin": event.origin, "detail": event.detail}
@@ -84,7 +85,7 @@ def _statuses(text: str | None) -> tuple[str, ...]:
     """``open`` (the default of the pending page), ``all``/empty, or a comma-separated list."""
     text = (text or "").strip()
     if text.lower() == "open":
-        return Status.OPEN
+        return IndexStatus.OPEN
     if not text or text.lower() == "all":
         return ()
     return tuple(s.strip().upper() for s in text.split(",") if s.strip())
@@ -121,7 +122,7 @@ def create_app(index: Index, *, status: Callable[[], FeederStatus] | None = None
     app.json.sort_keys = False  # type: ignore[attr-defined]
     admin = bool(admin_token) and resolver is not None
     app.jinja_env.filters.update(ms=format_ms, age=format_age)
-    app.jinja_env.globals.update(admin=admin, statuses=Status.ALL, describe=describe_event)
+    app.jinja_env.globals.update(admin=admin, statuses=IndexStatus.ALL, describe=describe_event)
 
     def feed_status() -> dict[str, Any]:
         s = status() if status else None
@@ -152,7 +153,7 @@ def _add_pages(app: Flask, index: Index) -> None:
         if row is None and not events:
             abort(404, f"no transaction {txid} in the index")
         return render_template("transaction.html", txid=txid, row=row, events=events,
-                               now=_now_ms(), open_statuses=Status.OPEN)
+                               now=_now_ms(), open_statuses=IndexStatus.OPEN)
 
     @app.get("/search")
     def search() -> Any:
@@ -225,7 +226,7 @@ def _add_resolve(app: Flask, index: Index, resolver: Resolver | None, token: str
         if decision is None:
             return jsonify(error='decision must be "commit" or "rollback"'), 400
         row = index.transaction(txid)
-        if row is None or row.status not in Status.OPEN:
+        if row is None or row.status not in IndexStatus.OPEN:
             state = row.status if row else "not in the index"
             return jsonify(error=f"{txid} is not pending ({state})"), 409
         operator = str(body.get("operator") or "").strip()[:100] or default_operator

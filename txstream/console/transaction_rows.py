@@ -11,31 +11,30 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from txstream.console.entries import Entry, Source
+from txstream.console.record_entries import Entry, Source
+from txstream.state.effects import NoteKind
+from txstream.state.transaction import Status
 from txstream.wire import H
 
-__all__ = ["Status", "TxRow", "COLUMNS", "fold", "keys_of"]
+__all__ = ["IndexStatus", "TxRow", "COLUMNS", "fold", "keys_of"]
+
+# The index stores a status as its word (a template shows it as it is).
+_PENDING, _EARLY_END = Status.PENDING.value, Status.EARLY_END.value
+_COMMITTED, _ROLLED_BACK = Status.COMMITTED.value, Status.ROLLED_BACK.value
+_DISCARDED, _LOST = Status.DISCARDED.value, Status.LOST.value
 
 
-class Status:
-    """A transaction's status in the index: the coordinator's, and two of the index's own."""
+class IndexStatus:
+    """A transaction's status in the index: the coordinator's (the core's :class:`Status`, as
+    its word), or one of the index's own three."""
 
-    PENDING = "PENDING"
-    EARLY_END = "EARLY_END"
-    COMMITTED = "COMMITTED"
-    ROLLED_BACK = "ROLLED_BACK"
-    DISCARDED = "DISCARDED"
     EXPIRED = "EXPIRED"  # its end events waited for a half message that never came
     UNSEEN = "UNSEEN"  # on the half topic; the coordinator wrote nothing about it yet
     REFUSED = "REFUSED"  # its half message went to the dead-letter topic
-    # Committed, but its half message's body was gone: nothing released (a dead letter says
-    # so); sending the half message again releases it.
-    LOST = "LOST"
 
-    OPEN = (PENDING, EARLY_END)
-    RESOLVED = (COMMITTED, ROLLED_BACK, DISCARDED, LOST)
-    ALL = (PENDING, EARLY_END, UNSEEN, COMMITTED, ROLLED_BACK, DISCARDED, EXPIRED, REFUSED,
-           LOST)
+    OPEN = (_PENDING, _EARLY_END)
+    RESOLVED = tuple(s.value for s in Status if s.resolved)
+    ALL = (*OPEN, UNSEEN, *RESOLVED, EXPIRED, REFUSED)
 
 
 @dataclass(slots=True)
@@ -62,9 +61,9 @@ class TxRow:
 
 COLUMNS = tuple(f.name for f in fields(TxRow))
 
-_FINAL_NOTES = {"released": Status.COMMITTED, "rolled_back": Status.ROLLED_BACK,
-                "discarded": Status.DISCARDED, "expired": Status.EXPIRED,
-                "release_lost": Status.LOST}
+_FINAL_NOTES = {NoteKind.RELEASED: _COMMITTED, NoteKind.ROLLED_BACK: _ROLLED_BACK,
+                NoteKind.DISCARDED: _DISCARDED, NoteKind.EXPIRED: IndexStatus.EXPIRED,
+                NoteKind.RELEASE_LOST: _LOST}
 
 
 def _int(value: Any) -> int | None:
@@ -97,9 +96,9 @@ def _fill_message(row: TxRow, h: dict[str, str]) -> None:
         row.born_ms = _int(h.get(H.BORN_TIMESTAMP))
 
 
-def _fold_final(row: TxRow, note: dict[str, Any], event: str) -> None:
+def _fold_final(row: TxRow, note: dict[str, Any], event: NoteKind) -> None:
     row.status = _FINAL_NOTES[event]
-    row.outcome = event
+    row.outcome = event.value
     row.next_check_ms = None
     row.reason = _text(note.get("reason")) or _text(note.get("remark"))
     row.operator = _text(note.get("operator"))
@@ -108,14 +107,22 @@ def _fold_final(row: TxRow, note: dict[str, Any], event: str) -> None:
         row.checks_answered += 1
 
 
+def _kind(event: Any) -> NoteKind | None:
+    """A note's kind; None for one this version does not know (a newer coordinator's)."""
+    try:
+        return NoteKind(event)
+    except ValueError:
+        return None
+
+
 def _fold_note(row: TxRow, note: dict[str, Any], at: int) -> None:
-    event = note.get("event")
+    event = _kind(note.get("event"))
     if row.first_seen_ms is None or at < row.first_seen_ms:
         row.first_seen_ms = at
-    if event == "half":
-        if row.status not in Status.OPEN:  # registered (again, if it had expired)
+    if event == NoteKind.HALF:
+        if row.status not in IndexStatus.OPEN:  # registered (again, if it had expired)
             row.outcome = row.reason = row.operator = None
-        row.status = Status.PENDING
+        row.status = _PENDING
         row.producer_group = _text(note.get("group")) or row.producer_group
         row.real_topic = _text(note.get("topic")) or row.real_topic
         row.next_check_ms = _int(note.get("first_check"))
@@ -123,35 +130,36 @@ def _fold_note(row: TxRow, note: dict[str, Any], at: int) -> None:
         row.keys = row.keys or _text(note.get("keys"))
         row.tags = row.tags or _text(note.get("tags"))
         row.born_ms = row.born_ms if row.born_ms is not None else _int(note.get("born"))
-    elif event == "end_before_half":
-        if row.status in (None, Status.UNSEEN):
-            row.status = Status.EARLY_END
-    elif event == "check_sent":
+    elif event == NoteKind.END_BEFORE_HALF:
+        if row.status in (None, IndexStatus.UNSEEN):
+            row.status = _EARLY_END
+    elif event == NoteKind.CHECK_SENT:
         row.checks_sent = max(row.checks_sent, _int(note.get("check")) or 0)
-        if row.status == Status.PENDING:
+        if row.status == _PENDING:
             row.next_check_ms = _int(note.get("next_check")) or row.next_check_ms
-    elif event == "unknown":
+    elif event == NoteKind.UNKNOWN:
         row.checks_answered = max(row.checks_answered, _int(note.get("checks_answered")) or 0)
     elif event in _FINAL_NOTES:
         _fold_final(row, note, event)
-    # duplicate, rejected: the timeline shows them; the row does not change.
+    # duplicate, rejected, body_gone, and a kind this version does not know: the timeline
+    # shows them; the row does not change.
 
 
 def _fold_record(row: TxRow, entry: Entry) -> None:
     h: dict[str, str] = entry.detail.get("headers") or {}
     if entry.source == Source.HALF:
         _fill_message(row, h)
-        row.status = row.status or Status.UNSEEN
+        row.status = row.status or IndexStatus.UNSEEN
     elif entry.source == Source.DISCARD:
         _fill_message(row, h)
-        if row.status not in (Status.COMMITTED, Status.ROLLED_BACK, Status.LOST):
-            row.status, row.outcome, row.next_check_ms = Status.DISCARDED, "discarded", None
+        if row.status not in (_COMMITTED, _ROLLED_BACK, _LOST):
+            row.status, row.outcome, row.next_check_ms = _DISCARDED, NoteKind.DISCARDED.value, None
             row.reason = row.reason or _text(h.get(H.DISCARD_REASON))
         row.checks_answered = max(row.checks_answered, _int(h.get(H.CHECK_TIMES)) or 0)
     elif entry.source == Source.DEAD_LETTER and h.get(H.TRAN_MSG, "").lower() == "true":
         _fill_message(row, h)  # a refused half message: nothing more will come of it
-        if row.status in (None, Status.UNSEEN):
-            row.status, row.reason = Status.REFUSED, _text(h.get(H.DLQ_REASON))
+        if row.status in (None, IndexStatus.UNSEEN):
+            row.status, row.reason = IndexStatus.REFUSED, _text(h.get(H.DLQ_REASON))
 
 
 def fold(row: TxRow, entry: Entry) -> None:

@@ -25,10 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstream.sources.offsets import records_of
-from txstream.streaming.engine.key_metrics import BUCKETS_MS, KEY_SUMMARIES, decode_summary
+from txstream.streaming.engine.key_metrics import (
+    BUCKETS_MS,
+    KEY_SUMMARIES,
+    bucket_of,
+    decode_summary,
+)
 from txstream.streaming.engine.query import OBSERVATION
 
-__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state"]
+__all__ = ["MetricsBoard", "BoardView", "BATCH_DURATION", "parse_offsets", "seed_from_state",
+           "summaries_of", "counts_of"]
 
 BATCH_DURATION = "batch_duration"  # a histogram the driver times itself
 _Counter = tuple[str, tuple[str, ...]]  # (metric, label values)
@@ -53,7 +59,13 @@ class BoardView:
     open_known: bool
     consumed: Mapping[Position, int] | None  # the input offsets read up to; None: not known
     batches: int
+    input_rows: int  # records read from the half and end topics
     last_batch_at: float | None  # epoch seconds of the last completed batch in this process
+
+    @property
+    def pending(self) -> int | None:
+        """The unresolved transactions held (a lost release is resolved); None: not known."""
+        return sum(self.open_counts.values()) if self.open_known else None
 
 
 def parse_offsets(text: str | None) -> dict[Position, int]:
@@ -62,6 +74,22 @@ def parse_offsets(text: str | None) -> dict[Position, int]:
     raw = records_of(json.loads(text)) if text else {}
     return {(topic, int(p)): int(offset) for topic, parts in raw.items()
             if isinstance(parts, dict) for p, offset in parts.items()}
+
+
+def summaries_of(progress: Any) -> list[dict[str, Any]]:
+    """The keys' summaries a micro-batch's progress carries, decoded."""
+    observed = (progress.observedMetrics or {}).get(OBSERVATION)
+    summaries = observed.asDict().get(KEY_SUMMARIES) if observed is not None else None
+    return [decode_summary(text) for text in summaries or ()]
+
+
+def counts_of(docs: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The counts of keys' summaries by metric, every label summed."""
+    counts: dict[str, int] = {}
+    for doc in docs:
+        for name, *_, n in doc.get("c", ()):
+            counts[name] = counts.get(name, 0) + int(n)
+    return counts
 
 
 class MetricsBoard:
@@ -77,25 +105,27 @@ class MetricsBoard:
         self._consumed: dict[Position, int] | None = None
         self._consumed_batch = -1
         self._batches = 0
+        self._input_rows = 0
         self._last_batch_at: float | None = None
 
-    def add_progress(self, progress: Any) -> None:
-        """One completed micro-batch (a ``StreamingQueryProgress``)."""
-        observed = (progress.observedMetrics or {}).get(OBSERVATION)
-        summaries = (observed.asDict().get(KEY_SUMMARIES) if observed is not None else None)
+    def add_progress(self, progress: Any) -> dict[str, int]:
+        """One completed micro-batch (a ``StreamingQueryProgress``); returns its counts by
+        metric (every label summed)."""
+        docs = summaries_of(progress)
         duration = int((progress.durationMs or {}).get("triggerExecution", 0))
         sources = progress.sources or []
         consumed = parse_offsets(sources[0].endOffset) if sources else None
         batch = int(progress.batchId)
-        docs = [decode_summary(text) for text in summaries or ()]
         with self._lock:
             self._batches += 1
+            self._input_rows += int(progress.numInputRows or 0)
             self._last_batch_at = time.time()
             self._observe(BATCH_DURATION, duration)
             for doc in docs:
                 self._fold(batch, doc)
             if consumed is not None and batch >= self._consumed_batch:
                 self._consumed, self._consumed_batch = consumed, batch
+        return counts_of(docs)
 
     def seed(self, batch: int, summaries: Iterable[str],
              consumed: Mapping[Position, int] | None = None) -> None:
@@ -131,7 +161,16 @@ class MetricsBoard:
                 histograms={name: list(h) for name, h in self._histograms.items()},
                 open_counts=open_counts, oldest_born=oldest, open_known=self._open_known,
                 consumed=dict(self._consumed) if self._consumed is not None else None,
-                batches=self._batches, last_batch_at=self._last_batch_at)
+                batches=self._batches, input_rows=self._input_rows,
+                last_batch_at=self._last_batch_at)
+
+    def totals(self) -> dict[str, int]:
+        """The counters since this process started, by metric (every label summed)."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for (name, _), n in self._counters.items():
+                out[name] = out.get(name, 0) + n
+            return out
 
     def _fold(self, batch: int, doc: Mapping[str, Any]) -> None:
         for name, *labels, n in doc.get("c", ()):
@@ -153,8 +192,7 @@ class MetricsBoard:
 
     def _observe(self, name: str, ms: int) -> None:
         total = self._histograms.setdefault(name, [0] * (len(BUCKETS_MS) + 2))
-        index = next((i for i, bound in enumerate(BUCKETS_MS) if ms <= bound), len(BUCKETS_MS))
-        total[index] += 1
+        total[bucket_of(ms)] += 1
         total[-1] += max(0, ms)
 
 

@@ -1,4 +1,5 @@
-"""A timeline entry in words: what ``txstream history`` prints and the console's pages show."""
+"""A timeline entry in words, and times as people read them: what ``txstream history`` prints
+and the console's pages show."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 import time
 from typing import Any
 
-from txstream.console.entries import Source
-from txstream.console.queries import EventRow
+from txstream.console.queries import TimelineRow
+from txstream.console.record_entries import Source
+from txstream.state.effects import NoteKind
 from txstream.wire import H
 
 __all__ = ["describe", "describe_event", "describe_discard", "describe_dead_letter",
@@ -37,43 +39,45 @@ def describe(note: dict[str, Any]) -> str:
     decision = note.get("decision")
     how = _how(note)
     remark = f"; remark: {note['remark']}" if note.get("remark") else ""
-    if event == "half":
-        return (f"half message registered: group {note.get('group')}, real topic "
-                f"{note.get('topic')}; first check at {format_ms(note.get('first_check'))}")
-    if event == "check_sent":
-        return f"back-check #{note.get('check')} sent ({note.get('late_ms')} ms after due)"
-    if event == "unknown":
-        return (f"{decision}{how}: still unknown, {note.get('checks_answered')} check(s) "
-                f"answered{remark}")
-    if event == "released":
-        if note.get("again"):
+    match event:
+        case NoteKind.HALF:
+            return (f"half message registered: group {note.get('group')}, real topic "
+                    f"{note.get('topic')}; first check at {format_ms(note.get('first_check'))}")
+        case NoteKind.CHECK_SENT:
+            return f"back-check #{note.get('check')} sent ({note.get('late_ms')} ms after due)"
+        case NoteKind.UNKNOWN:
+            return (f"{decision}{how}: still unknown, {note.get('checks_answered')} check(s) "
+                    f"answered{remark}")
+        case NoteKind.RELEASED if note.get("again"):
             return "half message sent again: released to its real topic"
-        return f"{decision}{how}: released to its real topic{remark}"
-    if event == "release_lost":
-        return (f"{decision}{how}: NOT released: the body of its half message "
-                f"{note.get('reason')}; see its dead letter (HALF_MESSAGE_LOST). Sending the "
-                f"half message again releases it")
-    if event == "body_gone":
-        return f"the body of its half message {note.get('reason')}"
-    if event == "rolled_back":
-        return f"{decision}{how}: rolled back, never visible{remark}"
-    if event == "end_before_half":
-        return f"end event {decision} came before its half message: held until it comes"
-    if event == "duplicate":
-        return f"duplicate {note.get('of') or decision} ignored (already {note.get('status')})"
-    if event in ("discarded", "rejected", "expired"):
-        return f"{event}: {note.get('reason')}"
+        case NoteKind.RELEASED:
+            return f"{decision}{how}: released to its real topic{remark}"
+        case NoteKind.RELEASE_LOST:
+            return (f"{decision}{how}: NOT released: the body of its half message "
+                    f"{note.get('reason')}; see its dead letter (HALF_MESSAGE_LOST). Sending "
+                    f"the half message again releases it")
+        case NoteKind.BODY_GONE:
+            return f"the body of its half message {note.get('reason')}"
+        case NoteKind.ROLLED_BACK:
+            return f"{decision}{how}: rolled back, never visible{remark}"
+        case NoteKind.END_BEFORE_HALF:
+            return f"end event {decision} came before its half message: held until it comes"
+        case NoteKind.DUPLICATE:
+            return (f"duplicate {note.get('of') or decision} ignored (already "
+                    f"{note.get('status')})")
+        case NoteKind.DISCARDED | NoteKind.REJECTED | NoteKind.EXPIRED:
+            return f"{event}: {note.get('reason')}"
     extra = {k: v for k, v in note.items() if k not in ("at", "event", "transaction_id")}
     return f"{event} {json.dumps(extra)}" if extra else event
 
 
-def describe_discard(event: EventRow) -> str:
+def describe_discard(event: TimelineRow) -> str:
     h = event.detail.get("headers") or {}
     return (f"discard record {event.origin}: {h.get(H.DISCARD_REASON)} "
             f"(answered checks {h.get(H.CHECK_TIMES)}, real topic {h.get(H.REAL_TOPIC)})")
 
 
-def describe_dead_letter(event: EventRow) -> str:
+def describe_dead_letter(event: TimelineRow) -> str:
     h = event.detail.get("headers") or {}
     kind = h.get(H.COMMIT_OR_ROLLBACK) or ("half message" if h.get(H.TRAN_MSG) else "record")
     return (f"dead letter {event.origin}: {kind} refused: {h.get(H.DLQ_REASON)} (from "
@@ -81,7 +85,7 @@ def describe_dead_letter(event: EventRow) -> str:
             f"@{h.get(H.DLQ_ORIGIN_OFFSET)})")
 
 
-def describe_half_record(event: EventRow) -> str:
+def describe_half_record(event: TimelineRow) -> str:
     h = event.detail.get("headers") or {}
     keys = f", keys {h[H.KEYS]}" if h.get(H.KEYS) else ""
     tags = f", tags {h[H.TAGS]}" if h.get(H.TAGS) else ""
@@ -94,7 +98,7 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
 
-def describe_event(event: EventRow) -> str:
+def describe_event(event: TimelineRow) -> str:
     """Any timeline entry in words."""
     if event.source == Source.HISTORY:
         return describe(event.detail)

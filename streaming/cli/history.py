@@ -1,0 +1,68 @@
+"""``txstream history TXID``: what the coordinator wrote about one transaction, and when.
+
+Its history notes, and the discard and dead-letter records keyed by it, read from the
+console's index (:mod:`txstream.streaming.cli.transaction_trail`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from txstream.console.index import MEMORY, Index
+from txstream.console.timeline_text import (
+    describe,
+    describe_dead_letter,
+    describe_discard,
+    format_ms,
+)
+from txstream.streaming.cli.options import add_kafka_arguments, env, settings_of, topics_of
+from txstream.streaming.cli.transaction_trail import (
+    Trail,
+    add_index_argument,
+    index_feed,
+    trail_of,
+)
+
+__all__ = ["add_parser", "history_command", "print_trail"]
+
+
+def add_parser(sub: Any) -> None:
+    h = sub.add_parser("history", help="what happened to one transaction, and when")
+    add_kafka_arguments(h)
+    h.add_argument("transaction_id", metavar="TXID")
+    h.add_argument("--json", action="store_true", help="the raw history notes, one per line")
+    add_index_argument(h, env("index"), "one in memory, for this call")
+    h.set_defaults(func=history_command)
+
+
+def print_trail(trail: Trail, txid: str) -> None:
+    print(f"transaction {txid}")
+    start = int(trail.notes[0].get("at") or 0) if trail.notes else 0
+    for note in trail.notes:
+        at = int(note.get("at") or 0)
+        print(f"  {format_ms(at)}  +{(at - start) / 1000:7.3f}s  {note.get('event', '?'):<15} "
+              f"{describe(note)}")
+    for event in trail.discards:
+        print(f"  {describe_discard(event)}")
+    for event in trail.dead_letters:
+        print(f"  {describe_dead_letter(event)}")
+
+
+def history_command(args: argparse.Namespace) -> int:
+    settings, topics = settings_of(args), topics_of(args)
+    with Index(args.index or MEMORY) as index:
+        with index_feed(index, settings, topics) as feed:
+            feed.catch_up()
+        trail = trail_of(index, args.transaction_id)
+    if args.json:
+        for note in trail.notes:
+            print(json.dumps(note))
+        return 0 if trail else 1
+    if not trail:
+        print(f"no history for {args.transaction_id} on {topics.history}", file=sys.stderr)
+        return 1
+    print_trail(trail, args.transaction_id)
+    return 0
