@@ -26,16 +26,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from txstream.kafka import (
-    PATIENT_FETCH_WAIT_MS,
-    KafkaSettings,
-    Unreadable,
-    fetch_ends,
-    make_consumer,
-    read_range,
-)
+from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer, Unreadable, read_range
 from txstream.wire import H
 
 __all__ = [
@@ -92,30 +84,7 @@ def _record_id(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None
     return None
 
 
-class _Consumers:
-    """The consumer a scan reads with, made patient when the broker is slow (read_range)."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self.settings = settings
-        self.consumer: Any = None
-        self.patient = False
-
-    def __call__(self, patient: bool) -> Any:
-        if self.consumer is None or (patient and not self.patient):
-            self.close()
-            self.patient = self.patient or patient
-            self.consumer = make_consumer(
-                self.settings, role="sink", max_poll_records=_CHUNK,
-                fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if self.patient else 5)
-        return self.consumer
-
-    def close(self) -> None:
-        if self.consumer is not None:
-            self.consumer.close()
-            self.consumer = None
-
-
-def _scan_partition(consumers: _Consumers, topic: str, partition: int, end: int,
+def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
                     wanted: set[str], tag: str, batch_ms: int) -> set[str]:
     own_horizon = batch_ms - SKEW_MARGIN_MS
     foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
@@ -145,22 +114,17 @@ def written_ids(
     settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int
 ) -> set[str]:
     """Which of ``wanted`` ({topic: record ids}) are already on their topics."""
-    from kafka import TopicPartition
-
     wanted = {t: ids for t, ids in wanted.items() if ids}
     if not wanted:
         return set()
     tag = id_tag(next(iter(next(iter(wanted.values())))))
-    probe = make_consumer(settings, role="sink", fetch_max_wait_ms=1,
-                          max_partition_fetch_bytes=1)
-    consumers = _Consumers(settings)
+    probe = EndProbe(settings, role="sink")
+    consumers = PatientConsumer(settings, role="sink", max_poll_records=_CHUNK)
     found: set[str] = set()
     try:
         for topic, ids in wanted.items():
             # A topic that does not exist yet holds nothing (the sink's first write creates it).
-            tps = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic)
-                                                              or ())]
-            ends = fetch_ends(probe, tps, {}, _READ_TIMEOUT_S)
+            ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
             for (_, partition), end in sorted(ends.items()):
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
                                          batch_ms)

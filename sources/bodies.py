@@ -32,14 +32,11 @@ from typing import Any
 
 from txstream.errors import SendFailed
 from txstream.kafka import (
-    PATIENT_FETCH_WAIT_MS,
     KafkaSettings,
+    PatientConsumer,
     Unreadable,
-    cached_client,
     close_quietly,
-    drop_cached_client,
     make_admin,
-    make_consumer,
     read_range,
 )
 
@@ -49,7 +46,6 @@ __all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD"]
 # them costs less than another fetch round trip.
 RANGE_GAP = 512
 _READ_TIMEOUT_S = 30.0
-_FETCH_WAIT_MS = 5  # the broker answers a fetch at the end of the log at once
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +54,8 @@ SLOW_READ_S = 0.25
 
 Position = tuple[int, int]  # (partition, offset) in the half topic
 ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with (read_range)
+# A reader must not create the topic it reads (a broker may on a metadata request).
+_OPTIONS: dict[str, Any] = {"role": "sink", "allow_auto_create_topics": False}
 
 OTHER_RECORD = "is another transaction's record (was the half topic recreated?)"
 
@@ -76,35 +74,16 @@ def ranges(offsets: Iterable[int], gap: int = RANGE_GAP) -> list[tuple[int, int]
 
 class BodySource:
     """Reads half topic records by position, with this process's kept consumer (a consumer's
-    connection costs more than a batch's reads), a patient one when the broker is slow, and a
+    connection costs more than a batch's reads), patient once the broker was slow, and a
     brand-new one to confirm what the kept one did not find."""
 
     def __init__(self, settings: KafkaSettings, half_topic: str) -> None:
         self.settings = settings
         self.topic = half_topic
-        self._key = ("bodies", repr(sorted(settings.as_dict().items())))
-        self._patient: Any = None
+        self._kept = PatientConsumer(
+            settings, kept_as=("bodies", repr(sorted(settings.as_dict().items()))),
+            **_OPTIONS)
         self._absent: set[int] = set()  # partitions the last read found do not exist
-
-    def _new_consumer(self, fetch_max_wait_ms: int) -> Any:
-        # A reader must not create the topic it reads (a broker may on a metadata request).
-        return make_consumer(self.settings, role="sink", fetch_max_wait_ms=fetch_max_wait_ms,
-                             allow_auto_create_topics=False)
-
-    def _patient_consumer(self) -> Any:
-        if self._patient is None:
-            self._patient = self._new_consumer(PATIENT_FETCH_WAIT_MS)
-        return self._patient
-
-    def _close_patient(self) -> None:
-        if self._patient is not None:
-            close_quietly(self._patient)
-            self._patient = None
-
-    def _kept(self, patient: bool) -> Any:
-        if patient:
-            return self._patient_consumer()
-        return cached_client(self._key, lambda: self._new_consumer(_FETCH_WAIT_MS))
 
     def read(self, wanted: dict[int, set[int]]) -> dict[Position, Any]:
         """The records at ``wanted`` ({partition: offsets}) that are still there, by position
@@ -117,11 +96,9 @@ class BodySource:
             if missing:
                 self._confirm(found, missing)
         except Exception as exc:
-            drop_cached_client(self._key)
+            self._kept.drop()
             raise SendFailed(f"cannot read half messages back from {self.topic}: "
                              f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self._close_patient()
         took = time.monotonic() - started
         if took > SLOW_READ_S:
             log.warning("reading %d half messages back from %s took %.0f ms",
@@ -153,18 +130,13 @@ class BodySource:
     def _confirm(self, found: dict[Position, Any], missing: dict[int, set[int]]) -> None:
         """Reads ``missing`` again with a brand-new consumer (nothing it knows comes from
         before this read), in the partitions that exist."""
-        self._close_patient()
         exists = self._partitions()
         self._absent = {p for p in missing if p not in exists}
         still = {p: offsets for p, offsets in missing.items() if p in exists}
         if not still:
             return
-        fresh = self._new_consumer(_FETCH_WAIT_MS)
-        try:
-            self._read_into(found, still,
-                            lambda patient: self._patient_consumer() if patient else fresh)
-        finally:
-            close_quietly(fresh)
+        with PatientConsumer(self.settings, **_OPTIONS) as fresh:
+            self._read_into(found, still, fresh)
 
     def _partitions(self) -> set[int]:
         """The half topic's partitions as the broker says now (none: the topic does not

@@ -1,8 +1,10 @@
 """Kafka access for the ``txstream-events`` source: options, cached consumers, reading a slice.
 
 Everything here runs in Spark's Python processes: the planner (high watermarks) on the driver,
-``read_slice`` on the workers. Consumers are cached per process (``txstream.kafka``), and the
-reading itself is the Kafka module's (:func:`txstream.kafka.read_range`).
+``read_slice`` on the workers. Consumers are kept per process, and the reading itself is the
+Kafka module's (:class:`txstream.kafka.EndProbe` for the ends,
+:class:`txstream.kafka.PatientConsumer` and :func:`txstream.kafka.read_range` for the
+records).
 """
 
 from __future__ import annotations
@@ -15,16 +17,7 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from txstream.errors import ConfigError, ReadFailed
-from txstream.kafka import (
-    PATIENT_FETCH_WAIT_MS,
-    KafkaSettings,
-    Unreadable,
-    cached_client,
-    drop_cached_client,
-    fetch_ends,
-    make_consumer,
-    read_range,
-)
+from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer, Unreadable, read_range
 from txstream.kafka.reading import MAX_RECORDS_PER_POLL
 from txstream.options import parse_options
 from txstream.state.keys import KeyLayout
@@ -136,47 +129,37 @@ def group_slices(slices: list[TopicSlice], tasks: int) -> list[SliceGroup]:
     return [SliceGroup(tuple(g)) for g in groups if g]
 
 
-_PATIENT: set[tuple[str, str]] = set()  # readers that met slow storage (PATIENT_AFTER_S)
-
-
 def _key(options: SourceOptions, purpose: str) -> tuple[str, str]:
     return ("source:" + options.client_key, f"{purpose}:{options.check_crcs}")
 
 
+def _probe(options: SourceOptions) -> EndProbe:
+    return EndProbe(options.kafka, role="source", kept_as=_key(options, "offsets"),
+                    check_crcs=options.check_crcs)
+
+
+def _reader(options: SourceOptions, topic: str) -> PatientConsumer:
+    """One reading consumer per topic: kafka-python keeps metadata for the assigned topics
+    only, so switching one consumer between the half and the end topic cost a metadata round
+    trip and its ~100 ms backoff on every task."""
+    return PatientConsumer(options.kafka, role="source", kept_as=_key(options, f"read:{topic}"),
+                           max_poll_records=ROWS_PER_BATCH, check_crcs=options.check_crcs,
+                           max_partition_fetch_bytes=FETCH_BYTES)
+
+
 def consumer_for(options: SourceOptions, purpose: str) -> Any:
-    """The process's consumer for ``purpose``: "offsets", or "read:TOPIC".
-
-    One reading consumer per topic: kafka-python keeps metadata for the assigned topics only,
-    so switching one consumer between the half and the end topic cost a metadata round trip
-    and its ~100 ms backoff on every task.
-    """
-    key = _key(options, purpose)
-
-    def make() -> Any:
-        # The broker answers at once when a fetch is at the end of the log instead of holding
-        # it for the default 500 ms: planning and short reads stay fast. (0 made kafka-python
-        # 3.0.12 hang in poll.)
-        wait_ms = 1 if purpose == "offsets" else 5
-        return make_consumer(
-            options.kafka,
-            role="source",
-            fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if key in _PATIENT else wait_ms,
-            max_poll_records=ROWS_PER_BATCH,
-            check_crcs=options.check_crcs,
-            # Offsets-only fetches want the high watermark, not the data behind it.
-            max_partition_fetch_bytes=1 if purpose == "offsets" else FETCH_BYTES,
-        )
-
-    return cached_client(key, make)
+    """The process's consumer for ``purpose``: "offsets", or "read:TOPIC"."""
+    if purpose == "offsets":
+        return _probe(options).consumer()
+    return _reader(options, purpose.removeprefix("read:"))()
 
 
-def drop_consumer(options: SourceOptions, purpose: str, patient: bool = False) -> None:
-    """Forget a consumer after an error, so the next task starts from a clean client (one
-    that waits patiently for its fetches, if ``patient``)."""
-    key = _key(options, purpose)
-    if patient:
-        _PATIENT.add(key)
-    drop_cached_client(key)
+def drop_consumer(options: SourceOptions, purpose: str) -> None:
+    """Forget a consumer after an error, so the next task starts from a clean client."""
+    if purpose == "offsets":
+        _probe(options).drop()
+    else:
+        _reader(options, purpose.removeprefix("read:")).drop()
 
 
 def high_watermarks(
@@ -188,35 +171,24 @@ def high_watermarks(
     from kafka import TopicPartition
 
     tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
-    try:
-        return fetch_ends(consumer_for(options, "offsets"), tps, hints,
-                          options.read_timeout_ms / 1000)
+    try:  # the probe drops its consumer after an error
+        return _probe(options).ends(tps, hints, options.read_timeout_ms / 1000)
     except ReadFailed as exc:
-        drop_consumer(options, "offsets")
         raise SourceReadError(str(exc)) from None
-    except Exception:
-        drop_consumer(options, "offsets")
-        raise
 
 
 def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
     """The records of ``part`` in order (ConsumerRecord, or Unreadable for one kafka-python
     cannot parse); raises SourceReadError if they do not all arrive in time."""
-    purpose = f"read:{part.topic}"
-
-    def consumer(patient: bool) -> Any:
-        if patient:
-            drop_consumer(options, purpose, patient=True)
-        return consumer_for(options, purpose)
-
+    reader = _reader(options, part.topic)
     try:
-        yield from read_range(consumer, part.topic, part.partition, part.start, part.end,
+        yield from read_range(reader, part.topic, part.partition, part.start, part.end,
                               options.read_timeout_ms / 1000)
     except ReadFailed as exc:
-        drop_consumer(options, purpose)
+        reader.drop()
         raise SourceReadError(str(exc)) from None
     except Exception as exc:
-        drop_consumer(options, purpose)
+        reader.drop()
         raise SourceReadError(
             f"{part.topic}/{part.partition}: reading [{part.start}, {part.end}) failed: "
             f"{type(exc).__name__}: {exc}"

@@ -148,15 +148,16 @@ class _Consumer:
 
 @pytest.fixture
 def consumers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_Consumer]]:
-    """Every consumer the body source makes, in order (the first is the kept one)."""
-    import txstream.sources.bodies as bodies_module
+    """Every consumer the body source makes, in order (the first is the kept one): its
+    readers are the Kafka module's patient consumers."""
+    import txstream.kafka.patience as patience_module
     made: list[_Consumer] = []
 
     def make(settings: KafkaSettings, **kwargs: Any) -> _Consumer:
         made.append(_Consumer(make_consumer(settings, **kwargs)))
         return made[-1]
 
-    monkeypatch.setattr(bodies_module, "make_consumer", make)
+    monkeypatch.setattr(patience_module, "make_consumer", make)
     yield made
     for consumer in made:
         close_quietly(consumer.real)

@@ -26,10 +26,10 @@ from txstream.client import (
     PushConsumer,
 )
 from txstream.client.consume_from import start_offsets
-from txstream.client.consume_partitions import Rebalance
 from txstream.client.consume_pool import ConsumePool, Job
 from txstream.client.retry import RetryHeaders
 from txstream.kafka import KafkaSettings, make_producer
+from txstream.kafka.group import CommitOnRevoke
 from txstream.outputs import encode_visible
 from txstream.wire import H, header_dict
 
@@ -514,14 +514,14 @@ def test_a_rebalance_waits_for_the_messages_being_consumed_and_commits_them(
     topic, group = f"{unique}_rebal", f"{unique}_cg"
     x, _, x_offset = send(kafka, topic, b"x", partition=0)
     revoking = threading.Event()
-    revoke = Rebalance.on_partitions_revoked
+    revoke = CommitOnRevoke.on_partitions_revoked
 
-    async def spy(self: Rebalance, revoked: object) -> None:
+    async def spy(self: CommitOnRevoke, revoked: object) -> None:
         if revoked:
             revoking.set()
         await revoke(self, revoked)
 
-    monkeypatch.setattr(Rebalance, "on_partitions_revoked", spy)
+    monkeypatch.setattr(CommitOnRevoke, "on_partitions_revoked", spy)
     a_seen: list[str] = []
     b_seen: list[str] = []
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from txstream.kafka import KafkaSettings
+from txstream.kafka import EndProbe, KafkaSettings
 from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
 
@@ -108,21 +108,10 @@ class LagWatch:
         return None
 
     def _ends(self, starts: dict[Position, int]) -> dict[Position, int]:
-        from kafka import TopicPartition
-
-        from txstream.kafka.clients import make_consumer
-        from txstream.kafka.reading import fetch_ends
-
-        # A new client each time: a kept one answered from a fetch of an earlier sample.
-        consumer = make_consumer(self._kafka, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
-        try:
-            tps = [TopicPartition(topic, p) for topic in self._topics
-                   for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            # A position is never below 0 (one read from a damaged checkpoint would be).
-            begin = {pos: max(0, offset) for pos, offset in starts.items()}
-            return fetch_ends(consumer, tps, begin, timeout_s=self._interval_s * 2)
-        finally:
-            consumer.close()
+        # A position is never below 0 (one read from a damaged checkpoint would be).
+        begin = {pos: max(0, offset) for pos, offset in starts.items()}
+        with EndProbe(self._kafka) as probe:
+            return probe.topic_ends(self._topics, begin, timeout_s=self._interval_s * 2)
 
     def _run(self) -> None:
         while not self._stop.is_set():

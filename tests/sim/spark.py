@@ -123,10 +123,10 @@ class SparkModel:
 
     def _start_run(self) -> None:
         from txstream.kafka.clients import clear_cached_clients
-        from txstream.sources.kafka_io import _PATIENT
+        from txstream.kafka.patience import forget_patience
 
         clear_cached_clients()  # a new process: no client survives
-        _PATIENT.clear()
+        forget_patience()
         self.runs += 1
         # Unique in the process: the replay check remembers runs by id (sinks.replay).
         self.run_id = f"{self.source.kafka.bootstrap_servers}-run-{self.runs}"

@@ -12,8 +12,9 @@ with it or before it. The producer's own clock decides nothing; one that differs
 request timestamps by more than the grace is reported (a warning, at most once a minute).
 
 All consumer calls happen on the one polling thread (kafka-python's consumer is not
-thread-safe); executor threads only report back through the offset tracker. Rebalance
-callbacks run on kafka-python's IO thread, where only its async calls may be made.
+thread-safe); executor threads only report back through the offset tracker. The poll loop,
+its commits and the rebalance listener are the Kafka module's
+(:class:`txstream.kafka.group.CommittingConsumer`); this is its member.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from kafka import AsyncConsumerRebalanceListener, TopicPartition
-from kafka.structs import OffsetAndMetadata
+from kafka import TopicPartition
 
 from txstream.client.check_choice import CheckChoice, Fetched, Verdict
 from txstream.client.offsets import OffsetTracker
 from txstream.errors import MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer
+from txstream.kafka.group import CommittingConsumer
 from txstream.message import Message
 from txstream.outputs import CheckRequest, decode_check
 
@@ -49,45 +50,6 @@ _CLOCK_WARNING_INTERVAL_S = 60.0
 def _clock_ms() -> int:
     """The producer's clock, as the rule is given it (looked up at each call: tests shift it)."""
     return int(time.time() * 1000)
-
-
-class _Rebalance(AsyncConsumerRebalanceListener):
-    """Async, so that the commit on revocation can be awaited on kafka-python's IO thread."""
-
-    def __init__(self, responder: CheckResponder) -> None:
-        self._responder = responder
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        r, tps = self._responder, set(revoked)
-        # Let answers in flight finish so their offsets are committed while still ours (else
-        # the next owner answers the same check again: harmless, but wasted). This thread
-        # also heartbeats: stay well inside the session timeout.
-        session_s = r.consumer.config["session_timeout_ms"] / 1000
-        deadline = time.monotonic() + min(r.drain_timeout_s, session_s / 2)
-        while r.offsets.busy(tps) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        offsets = r.offsets.to_commit(tps)
-        if offsets:
-            try:
-                await r.consumer.commit_async(_commit_map(offsets))
-                r.offsets.committed(offsets)
-            except Exception as exc:  # the next owner answers those again
-                log.info("check offset commit of %s on revocation failed: %s", r.group_id, exc)
-        r.offsets.forget(tps)
-        r.assignment = frozenset(r.assignment - tps)
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        r = self._responder
-        r.offsets.forget(set(assigned))
-        r.assignment = frozenset(r.assignment | set(assigned))
-        r.choice.reset()  # what is read again from the committed offsets is answered
-        r.joined.set()
-        log.info("check consumer %s assigned %s", r.group_id,
-                 sorted(tp.partition for tp in assigned))
-
-
-def _commit_map(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
 
 
 class CheckResponder:
@@ -142,10 +104,13 @@ class CheckResponder:
             max_poll_records=200,
             **self._consumer_options,
         )
-        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        group = CommittingConsumer(self.consumer, self.offsets, self,
+                                   name=f"check consumer {self.group_id}",
+                                   drain_s=self.drain_timeout_s)
+        group.subscribe([self.topic])
         self._thread = threading.Thread(
-            target=self._run, name=f"txstream-check-{self.group_id}", daemon=True
-        )
+            target=group.run, args=(self._stop,), name=f"txstream-check-{self.group_id}",
+            daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -157,32 +122,34 @@ class CheckResponder:
 
     # --- the polling thread -------------------------------------------------------------------
 
-    def _run(self) -> None:
-        consumer = self.consumer
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._rewind_failed()
-                    self._commit()
-                    batch = consumer.poll(timeout_ms=self._poll_timeout_ms)
-                    refused = False
-                    for tp, records in batch.items():
-                        refused |= self._take(tp, records)
-                    if refused:
-                        time.sleep(0.05)  # the executor is full: give it time to refetch
-                except Exception:
-                    # Keep answering: a producer that silently stopped would leave its
-                    # transactions to be discarded. What was not taken is fetched again.
-                    log.exception("check consumer of %s failed; retrying", self.group_id)
-                    self._stop.wait(1.0)
-        finally:
-            self._drain()
-            self._finish_joining()
-            try:
-                consumer.close()
-            except Exception:
-                log.warning("closing the check consumer of %s failed", self.group_id,
-                            exc_info=True)
+    def before_poll(self) -> int:
+        self._rewind_failed()
+        return self._poll_timeout_ms
+
+    def owned(self) -> set[TopicPartition]:
+        return set(self.assignment)
+
+    def settle(self, tps: set[TopicPartition], timeout_s: float) -> None:
+        # Let answers in flight finish so their offsets are committed while still ours (else
+        # the next owner answers the same check again: harmless, but wasted).
+        deadline = time.monotonic() + timeout_s
+        while self.offsets.busy(tps) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def drop(self, tps: set[TopicPartition]) -> None:
+        self.offsets.forget(tps)
+        self.assignment = frozenset(self.assignment - tps)
+
+    def assigned(self, tps: set[TopicPartition]) -> None:
+        self.offsets.forget(tps)
+        self.assignment = frozenset(self.assignment | tps)
+        self.choice.reset()  # what is read again from the committed offsets is answered
+        self.joined.set()
+        log.info("check consumer %s assigned %s", self.group_id,
+                 sorted(tp.partition for tp in tps))
+
+    def leave(self) -> None:
+        self._finish_joining()
 
     def _finish_joining(self) -> None:
         """A member that leaves while its join is in flight can stay in the group for good on
@@ -203,7 +170,7 @@ class CheckResponder:
                          self.group_id, exc)
                 return
 
-    def _take(self, tp: TopicPartition, records: list[Any]) -> bool:
+    def take(self, tp: TopicPartition, records: list[Any]) -> bool:
         """Submit ``records`` in order, skipping superseded ones; return True if the executor
         refused one."""
         fetched: list[Fetched] = []
@@ -297,17 +264,7 @@ class CheckResponder:
                 self.consumer.seek(tp, offset)
                 self.offsets.rewind(tp, offset)
 
-    def _commit(self) -> None:
-        offsets = self.offsets.to_commit(set(self.assignment))
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(_commit_map(offsets))
-            self.offsets.committed(offsets)
-        except Exception as exc:  # a rebalance in progress: the next owner answers again
-            log.info("check offset commit for %s failed: %s", self.group_id, exc)
-
-    def _drain(self) -> None:
+    def finish(self) -> None:
         with self._futures_lock:
             futures = list(self._futures)
         waiting = []
@@ -319,4 +276,3 @@ class CheckResponder:
         if cancelled:
             log.info("shutdown: %d queued check(s) left to other producers", len(cancelled))
         wait_futures(waiting, timeout=self.drain_timeout_s)
-        self._commit()

@@ -9,7 +9,7 @@ Every assigned partition is positioned explicitly, at its committed offset too: 
 keeps the position of a partition assigned again after a rebalance, past messages it fetched
 that were never consumed.
 
-A partition's last offset is its high watermark from a fetch (:func:`txstream.kafka.fetch_ends`),
+A partition's last offset is its high watermark from a fetch (:class:`txstream.kafka.EndProbe`),
 not ``ListOffsets``, which tansu answers wrongly for "latest". A timestamp is looked up with
 the broker's ``offsets_for_times``, which Kafka answers by the records' timestamps. tansu
 answers by when it stored them (the same for records sent as they were made, not for records
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from kafka import TopicPartition
 
 from txstream.errors import ConfigError
-from txstream.kafka import KafkaSettings, fetch_ends, make_consumer
+from txstream.kafka import EndProbe, KafkaSettings
 
 __all__ = ["ConsumeFromWhere", "StartPositions", "Starts", "start_offsets"]
 
@@ -84,10 +84,8 @@ class StartPositions:
                  *, role: str, timeout_s: float) -> None:
         self.where = where
         self.timestamp_ms = timestamp_ms
-        self._settings = settings
-        self._role = role
         self._timeout_s = timeout_s
-        self._reader: Any = None
+        self._probe = EndProbe(settings, role=role)
 
     def starts(self, consumer: Any, tps: Iterable[TopicPartition], retry_topic: str) -> Starts:
         """Where each of ``consumer``'s partitions ``tps`` starts."""
@@ -106,13 +104,8 @@ class StartPositions:
                       beginning)
 
     def _ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        if self._reader is None:
-            self._reader = make_consumer(self._settings, role=self._role, fetch_max_wait_ms=1,
-                                         max_partition_fetch_bytes=1)
-        ends = fetch_ends(self._reader, tps, {}, self._timeout_s)
+        ends = self._probe.ends(tps, {}, self._timeout_s)
         return {tp: ends[(tp.topic, tp.partition)] for tp in tps}
 
     def close(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()
+        self._probe.close()

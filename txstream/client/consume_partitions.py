@@ -1,5 +1,6 @@
-"""The push consumer's partitions: which it reads, what each has in flight, and rebalances.
+"""The push consumer's partitions: which it reads, what each has in flight.
 
+The rebalance listener is the Kafka module's (:class:`txstream.kafka.group.CommitOnRevoke`).
 kafka-python runs rebalance callbacks on its IO thread while the polling thread waits inside
 ``poll``, so the two never change this state at once; pool threads only report back through
 the :class:`OffsetTracker` and their jobs' ``done`` events.
@@ -18,21 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kafka import AsyncConsumerRebalanceListener, TopicPartition
-from kafka.structs import OffsetAndMetadata
+from kafka import TopicPartition
 
 from txstream.client.consume_pool import Job
 from txstream.client.offsets import OffsetTracker
 from txstream.client.retry_hold import HeldRetries
 from txstream.errors import SendFailed
 
-__all__ = ["Partitions", "Rebalance", "commit_map", "wait_jobs"]
+__all__ = ["Partitions", "wait_jobs"]
 
 log = logging.getLogger(__name__)
-
-
-def commit_map(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
 
 
 def wait_jobs(jobs: list[Job], timeout_s: float) -> None:
@@ -122,6 +118,14 @@ class Partitions:
             return [j for tp, jobs in self._jobs.items() if tps is None or tp in tps
                     for j in jobs if not j.done.is_set()]
 
+    def settle(self, tps: set[TopicPartition], timeout_s: float) -> None:
+        """Revoked or lost: their queued messages are left to the next owner, the ones being
+        consumed are waited for up to ``timeout_s``."""
+        jobs = self.jobs_of(tps)
+        for job in jobs:
+            job.cancel()
+        wait_jobs(jobs, timeout_s)
+
     def assigned(self, tps: set[TopicPartition]) -> None:
         self.offsets.forget(tps)
         self.held.forget(tps)
@@ -139,52 +143,3 @@ class Partitions:
                 self._jobs.pop(tp, None)
         self.reading = self.reading - tps
         self.unpositioned = self.unpositioned - tps
-
-
-class Rebalance(AsyncConsumerRebalanceListener):
-    """Revoked partitions: their queued messages are left to the next owner, the ones being
-    consumed are waited for (bounded), then what may be committed is. Async, so that commit
-    can be awaited: kafka-python refuses its blocking calls on its IO thread."""
-
-    def __init__(self, consumer: Any, partitions: Partitions, *, drain_s: float, group: str,
-                 release: Callable[[list[str | None]], None]) -> None:
-        self._consumer = consumer
-        self._partitions = partitions
-        self._drain_s = drain_s
-        self._group = group
-        self._release = release
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        tps = set(revoked)
-        if not tps:
-            return
-        p = self._partitions
-        jobs = p.jobs_of(tps)
-        for job in jobs:
-            job.cancel()
-        # This thread also heartbeats: stay well inside the session timeout.
-        session_s = self._consumer.config["session_timeout_ms"] / 1000
-        wait_jobs(jobs, min(self._drain_s, session_s / 2))
-        offsets = p.offsets.to_commit(tps & p.reading)
-        if offsets:
-            try:
-                await self._consumer.commit_async(commit_map(offsets))
-                p.offsets.committed(offsets)
-            except Exception as exc:
-                log.info("offset commit of %s on revocation failed: %s", self._group, exc)
-        self._release(p.unfinished_ids(tps))
-        p.forget(tps)
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        tps = set(assigned)
-        if tps:
-            # Not fetched until the polling thread found where each starts.
-            self._consumer.pause(*tps)
-            self._partitions.assigned(tps)
-
-    async def on_partitions_lost(self, lost: Any) -> None:
-        tps = set(lost)
-        for job in self._partitions.jobs_of(tps):
-            job.cancel()
-        self._release(self._partitions.unfinished_ids(tps))
-        self._partitions.forget(tps)  # another member owns them already: commit nothing

@@ -24,7 +24,7 @@ from typing import Any
 from kafka import TopicPartition
 
 from txstream.client.consume_from import ConsumeFromWhere, StartPositions
-from txstream.client.consume_partitions import Partitions, Rebalance, commit_map, wait_jobs
+from txstream.client.consume_partitions import Partitions, wait_jobs
 from txstream.client.consume_pool import ConsumePool
 from txstream.client.consume_service import ConsumeService, Item, decode
 from txstream.client.dedup import DedupCache
@@ -40,6 +40,7 @@ from txstream.client.options import (
 from txstream.client.retry import Subscription, due_ms, retry_delays
 from txstream.errors import ClientStateError, ConfigError, MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
+from txstream.kafka.group import CommittingConsumer
 from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, validate_group, validate_topic
 from txstream.wire import header_dict
 
@@ -188,9 +189,10 @@ class PushConsumer:
                 offsets=self._offsets, retry_topic=self.retry_topic, dlq_topic=self.dlq_topic,
                 delays=self._delays, max_reconsume_times=self.max_reconsume_times,
                 dedup=self._dedup, send_timeout_ms=self._send_timeout_ms, stats=self.stats)
-            self._consumer.subscribe([*self._subs, self.retry_topic], listener=Rebalance(
-                self._consumer, self._parts, drain_s=self._drain_s, group=self.consumer_group,
-                release=self._service.release))
+            group = CommittingConsumer(self._consumer, self._offsets, self,
+                                       name=f"consumer {self.consumer_group}",
+                                       drain_s=self._drain_s)
+            group.subscribe([*self._subs, self.retry_topic])
         except BaseException:
             self._producer.close(timeout=1)
             raise
@@ -203,8 +205,8 @@ class PushConsumer:
                                  f"ConsumeMessageThread_{self.consumer_group}").start()
         self._started = True
         self._thread = threading.Thread(
-            target=self._run, name=f"txstream-consumer-{self.consumer_group}", daemon=True
-        )
+            target=group.run, args=(self._stop,),
+            name=f"txstream-consumer-{self.consumer_group}", daemon=True)
         self._thread.start()
         return self
 
@@ -237,40 +239,44 @@ class PushConsumer:
 
     # --- the polling thread -------------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._rewind_failed()
-                    self._position_new()
-                    assert self._service is not None
-                    self._parts.requeue_past_span(self._service.requeue)
-                    self._release_due()
-                    self._apply_pauses()
-                    self._commit()
-                    batch = self._consumer.poll(timeout_ms=self._parts.held.wait_ms(
-                        self._poll_timeout_ms, now_ms()))  # no later than the next due
-                    for tp, records in batch.items():
-                        if tp in self._parts.reading and not self._stop.is_set():
-                            self._dispatch(tp, records)
-                except Exception:
-                    # Keep consuming: what was not taken is fetched again.
-                    log.exception("consumer %s failed; retrying", self.consumer_group)
-                    self._stop.wait(1.0)
-        finally:
-            self._close()
+    def before_poll(self) -> int:
+        assert self._service is not None
+        self._rewind_failed()
+        self._position_new()
+        self._parts.requeue_past_span(self._service.requeue)
+        self._release_due()
+        self._apply_pauses()
+        return self._parts.held.wait_ms(self._poll_timeout_ms, now_ms())  # until the next due
 
-    def _close(self) -> None:
-        assert self._pool is not None and self._starts is not None
+    def take(self, tp: TopicPartition, records: list[Any]) -> bool:
+        if tp in self._parts.reading:
+            self._dispatch(tp, records)
+        return False
+
+    def owned(self) -> set[TopicPartition]:
+        return set(self._parts.reading)
+
+    def settle(self, tps: set[TopicPartition], timeout_s: float) -> None:
+        self._parts.settle(tps, timeout_s)
+
+    def drop(self, tps: set[TopicPartition]) -> None:
+        assert self._service is not None
+        self._service.release(self._parts.unfinished_ids(tps))
+        self._parts.forget(tps)
+
+    def assigned(self, tps: set[TopicPartition]) -> None:
+        if tps:
+            self._consumer.pause(*tps)  # not fetched until _position_new found their starts
+            self._parts.assigned(tps)
+
+    def finish(self) -> None:
+        assert self._pool is not None
         self._pool.shutdown()  # not started: left uncommitted, for the group's next owner
         wait_jobs(self._parts.jobs_of(), self._drain_s)
-        self._commit()
-        for what, close in (("consumer", self._consumer.close), ("reader", self._starts.close)):
-            try:
-                close()
-            except Exception:
-                log.warning("closing the %s of %s failed", what, self.consumer_group,
-                            exc_info=True)
+
+    def leave(self) -> None:
+        assert self._starts is not None
+        self._starts.close()
 
     def _dispatch(self, tp: TopicPartition, records: list[Any]) -> None:
         is_retry = tp.topic == self.retry_topic
@@ -391,13 +397,3 @@ class PushConsumer:
                 self._offsets.rewind(tp, offset)
                 for later in self._parts.held.drop_from(tp, offset):  # read and held again
                     self._offsets.finish(tp, later, True)
-
-    def _commit(self) -> None:
-        offsets = self._offsets.to_commit(set(self._parts.reading))
-        if not offsets:
-            return
-        try:
-            self._consumer.commit(commit_map(offsets))
-            self._offsets.committed(offsets)
-        except Exception as exc:  # a rebalance in progress: the next owner redelivers
-            log.info("offset commit of %s failed: %s", self.consumer_group, exc)

@@ -1,7 +1,7 @@
 """Feeding the index from Kafka: catch up to the topics' ends, now (``txstream history``) or
 every half second from a background thread (``txstream console``).
 
-Reading is the Kafka module's (:func:`txstream.kafka.fetch_ends` for where each partition
+Reading is the Kafka module's (:class:`txstream.kafka.EndProbe` for where each partition
 ends, :func:`txstream.kafka.read_range` for its records), from the offsets the index stored.
 A record that cannot be read or decoded is logged and skipped: one bad record never stops
 the feed, and it is not read again.
@@ -19,11 +19,10 @@ from txstream.console.index import Index
 from txstream.console.record_entries import Entry, Source, entries_of
 from txstream.errors import MalformedRecord, TxStreamError
 from txstream.kafka import (
-    PATIENT_FETCH_WAIT_MS,
+    EndProbe,
     KafkaSettings,
+    PatientConsumer,
     Unreadable,
-    fetch_ends,
-    make_consumer,
     partition_ends,
     read_range,
 )
@@ -46,29 +45,6 @@ class FeedStats(NamedTuple):
     seconds: float
 
 
-class _Readers:
-    """The consumer :func:`read_range` reads with, made patient when the broker is slow."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self._settings = settings
-        self._consumer: Any = None
-        self._patient = False
-
-    def __call__(self, patient: bool) -> Any:
-        if self._consumer is None or (patient and not self._patient):
-            self.close()
-            self._patient = self._patient or patient
-            self._consumer = make_consumer(
-                self._settings, role="console", max_poll_records=_ENTRIES_PER_CHUNK,
-                fetch_max_wait_ms=PATIENT_FETCH_WAIT_MS if self._patient else 5)
-        return self._consumer
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-
-
 class IndexFeed:
     """Reads a coordinator's history, discard and dead-letter topics (and its half topic, for
     the half messages' ids and keys, with ``read_half``) into ``index``."""
@@ -83,24 +59,19 @@ class IndexFeed:
             self._sources[topics.half] = Source.HALF
         self._timeout_s = read_timeout_s
         self._settings = settings
-        # Offsets-only fetches want the high watermark, not the data behind it.
-        self._probe = make_consumer(settings, role="console", fetch_max_wait_ms=1,
-                                    max_partition_fetch_bytes=1)
-        self._readers = _Readers(settings)
+        self._probe = EndProbe(settings, role="console")
+        self._readers = PatientConsumer(settings, role="console",
+                                        max_poll_records=_ENTRIES_PER_CHUNK)
 
     def _ends(self, stored: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        from kafka import TopicPartition
-
-        tps = [TopicPartition(topic, p) for topic in self._sources
-               for p in sorted(self._probe.partitions_for_topic(topic) or ())]
         # Fetching at the stored offset: the broker sends (nearly) nothing back but the end.
-        return fetch_ends(self._probe, tps, stored, self._timeout_s) if tps else {}
+        return self._probe.topic_ends(self._sources, stored, self._timeout_s)
 
     def _past_the_end(self, stored: dict[tuple[str, int], int],
                       ends: dict[tuple[str, int], int]) -> bool:
         past = {topic for (topic, p), end in ends.items() if stored.get((topic, p), 0) > end}
-        # Confirmed by a client of its own: a reused one may answer with an end one fetch old
-        # (a fetch it sent before the re-assignment), and a reset costs a whole re-read.
+        # Confirmed by a client of its own before the index is reset: a reset costs a whole
+        # re-read.
         return any(stored.get((topic, p), 0) > end for topic in sorted(past)
                    for p, end in partition_ends(self._settings, topic).items())
 

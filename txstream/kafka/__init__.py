@@ -1,4 +1,7 @@
-"""The Kafka module: settings, clients (made, cached, closed) and reading partitions to their end.
+"""The Kafka module: settings, clients (made, cached, closed), reading partitions to their end
+(:class:`EndProbe` for where they end, :func:`read_range` with a :class:`PatientConsumer` for
+their records) and a group member that commits what it finished
+(:class:`txstream.kafka.group.CommittingConsumer`).
 
 Settings come from Kafka client properties by Kafka's names (:mod:`txstream.kafka.properties`:
 a properties file, ``-X key=value``), the ``TXSTREAM_*`` variables and named flags; OAUTHBEARER
@@ -21,8 +24,10 @@ from txstream.kafka.clients import (
     make_producer,
     wait_for_broker,
 )
+from txstream.kafka.patience import PatientConsumer
 from txstream.kafka.properties import parse_properties, read_properties
 from txstream.kafka.reading import (
+    EndProbe,
     TopicReader,
     Unreadable,
     fetch_ends,
@@ -47,6 +52,8 @@ __all__ = [
     "close_quietly",
     "PATIENT_AFTER_S",
     "PATIENT_FETCH_WAIT_MS",
+    "PatientConsumer",
+    "EndProbe",
     "TopicReader",
     "Unreadable",
     "fetch_ends",

@@ -23,7 +23,7 @@ from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
            "TopicTrackingProducer", "cached_client", "drop_cached_client", "clear_cached_clients",
-           "close_quietly",
+           "close_quietly", "ClientSlot",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
 T = TypeVar("T")
@@ -237,3 +237,32 @@ def clear_cached_clients() -> None:
         _CACHED.clear()
     for client in clients:
         close_quietly(client)
+
+
+class ClientSlot:
+    """One client, made by ``make`` when first wanted: the slot's own, closed by
+    :meth:`close`, or with ``kept_as`` the process's (:func:`cached_client`), which outlives
+    the slot."""
+
+    def __init__(self, make: Callable[[], Any], kept_as: Hashable | None = None) -> None:
+        self._make, self.key = make, kept_as
+        self._own: Any = None
+
+    def get(self) -> Any:
+        if self.key is not None:
+            return cached_client(self.key, self._make)
+        if self._own is None:
+            self._own = self._make()
+        return self._own
+
+    def drop(self) -> None:
+        """Forget (and close) the client, after an error: the next :meth:`get` makes anew."""
+        if self.key is not None:
+            drop_cached_client(self.key)
+        elif self._own is not None:
+            own, self._own = self._own, None
+            close_quietly(own)
+
+    def close(self) -> None:
+        if self.key is None:
+            self.drop()

@@ -8,15 +8,20 @@ reader waits for a group join.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from txstream.errors import ReadFailed
-from txstream.kafka.clients import PATIENT_AFTER_S, PATIENT_FETCH_WAIT_MS, make_consumer
+from txstream.kafka.clients import (
+    PATIENT_AFTER_S,
+    PATIENT_FETCH_WAIT_MS,
+    ClientSlot,
+    make_consumer,
+)
 from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["Unreadable", "fetch_ends", "partition_ends", "read_range", "read_topic",
-           "TopicReader", "MAX_RECORDS_PER_POLL"]
+__all__ = ["Unreadable", "EndProbe", "fetch_ends", "partition_ends", "read_range",
+           "read_topic", "TopicReader", "MAX_RECORDS_PER_POLL"]
 
 MAX_RECORDS_PER_POLL = 8192
 Position = tuple[str, int]  # (topic, partition)
@@ -115,19 +120,79 @@ def _existing(consumer: Any, tps: Sequence[Any]) -> list[Any]:
     return [tp for tp in tps if tp.partition in (consumer.partitions_for_topic(tp.topic) or ())]
 
 
+class EndProbe:
+    """Where partitions end, asked as often as wanted: one offsets-only consumer (this
+    probe's own, or the process's, kept under ``kept_as``), and every question answered by
+    :func:`fetch_ends`, from a fresh assignment and fetches sent after it was asked, so no
+    answer is older than its question. ``options`` go to ``make_consumer``.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, role: str | None = None,
+                 kept_as: Hashable | None = None, **options: Any) -> None:
+        self._settings, self._role = settings, role
+        # Fetching at the last known end: the broker sends (nearly) no records back, and
+        # max_partition_fetch_bytes=1 keeps even that small.
+        self._options = {"fetch_max_wait_ms": 1, "max_partition_fetch_bytes": 1, **options}
+        self._slot = ClientSlot(self._make, kept_as)
+
+    def consumer(self) -> Any:
+        return self._slot.get()
+
+    def _make(self) -> Any:
+        return make_consumer(self._settings, role=self._role, **self._options)
+
+    def partitions(self, topics: Iterable[str]) -> list[Any]:
+        """The partitions of ``topics`` the consumer's metadata lists (none of a topic that
+        does not exist)."""
+        from kafka import TopicPartition
+
+        consumer = self.consumer()
+        return [TopicPartition(topic, p) for topic in topics
+                for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+    def ends(self, tps: Sequence[Any], starts: Mapping[Position, int] | None = None,
+             timeout_s: float = 30.0) -> dict[Position, int]:
+        """{(topic, partition): end offset} of ``tps`` (see :func:`fetch_ends`), fetched at
+        ``starts`` (default 0). After an error the consumer is dropped: the next question
+        starts from a new one."""
+        if not tps:
+            return {}
+        try:
+            return fetch_ends(self.consumer(), tps, starts or {}, timeout_s)
+        except Exception:
+            self.drop()
+            raise
+
+    def topic_ends(self, topics: Iterable[str], starts: Mapping[Position, int] | None = None,
+                   timeout_s: float = 30.0) -> dict[Position, int]:
+        """The ends of every partition of ``topics``."""
+        try:
+            tps = self.partitions(topics)
+        except Exception:
+            self.drop()
+            raise
+        return self.ends(tps, starts, timeout_s)
+
+    def drop(self) -> None:
+        self._slot.drop()
+
+    def close(self) -> None:
+        """Close this probe's own consumer (a kept one stays the process's)."""
+        self._slot.close()
+
+    def __enter__(self) -> EndProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0
                    ) -> dict[int, int]:
-    """{partition: end offset} of ``topic`` ({} if it does not exist)."""
-    from kafka import TopicPartition
-
-    consumer = make_consumer(settings, fetch_max_wait_ms=1, max_partition_fetch_bytes=1)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic)
-                                                          or ())]
-        ends = fetch_ends(consumer, tps, {}, timeout_s)
-        return {partition: end for (_, partition), end in ends.items()}
-    finally:
-        consumer.close()
+    """{partition: end offset} of ``topic`` ({} if it does not exist), by a new consumer."""
+    with EndProbe(settings) as probe:
+        ends = probe.topic_ends([topic], {}, timeout_s)
+    return {partition: end for (_, partition), end in ends.items()}
 
 
 ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with
