@@ -109,9 +109,9 @@ class SliceGroup(InputPartition):
     """One Spark task reading several slices in turn; the first group of a batch also emits
     the batch's progress row (``ends_read``, :mod:`txstream.sources.progress`).
 
-    A task costs a fixed ~80 ms here however little it reads; one task per topic-partition
-    (4 by default: 2 half, 2 end) ran in two waves on 2 cores, so slices are grouped into as
-    many tasks as there are cores.
+    A task has a fixed cost however little it reads, and one task per topic-partition ran in
+    waves when there were more partitions than cores: slices are grouped into as many tasks as
+    there are cores (docs/decisions/0012-spark-settings.md).
     """
 
     slices: tuple[TopicSlice, ...]

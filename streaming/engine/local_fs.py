@@ -1,9 +1,9 @@
 """Hadoop's local file system without a forked ``chmod`` per file: a small jar, built on demand.
 
 Spark writes every checkpoint and state file through Hadoop's ``LocalFileSystem``, which, with
-no native Hadoop library (pyspark ships none), forks ``chmod`` to set each new file's mode: 8
-processes per micro-batch here, ~25 ms of the driver's time between batches and more inside the
-stateful tasks (docs/decisions/0006-no-fork-local-fs.md).
+no native Hadoop library (pyspark ships none), forks ``chmod`` to set each new file's mode:
+several processes per micro-batch, on the driver between batches and inside the stateful tasks
+(figures: docs/decisions/0006-no-fork-local-fs.md).
 ``resources/NoForkLocalFileSystem.java`` sets the mode with ``java.nio`` instead. It is
 compiled against the Hadoop API jar pyspark ships, the first time a session needs it, into a
 cache directory named by the source's hash; a machine without ``javac`` (a JRE only) keeps

@@ -26,9 +26,9 @@ LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
 # The JVM's just-in-time compilers. "c1": the quick compiler only. Every micro-batch runs tens of
 # thousands of Spark methods (analysis, planning, scheduling, state store), and with the JVM's
 # default tiered compilation the optimizing compiler (C2) kept compiling them for minutes after
-# the start, 0.2-0.5 of this 2-core machine's cores; with C1 only the JVM settles in seconds and
-# the coordinator released 24-34 % more per second (docs/decisions/0007-quick-jit.md). "tiered": the
-# JVM's default, for machines with cores to spare and jobs that run for days.
+# the start, taking cores the coordinator needed; with C1 only the JVM settles in seconds
+# (figures: docs/decisions/0007-quick-jit.md). "tiered": the JVM's default, for machines with
+# cores to spare and jobs that run for days.
 JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
 # `--state-store rocksdb`. With changelog checkpointing a batch writes the changes it made
 # instead of uploading a new snapshot of the store's files (Spark's and Databricks' advice);
@@ -48,12 +48,9 @@ ROCKSDB_SETTINGS = {
 DEFAULT_DRIVER_MEMORY = "2g"
 # G1 gives an object of more than half a region regions of its own ("humongous"), allocated
 # outside the young generation. Spark's timeout scan copies every state key's value on every
-# micro-batch, and a key holds one second of half messages: ~1-2 MB at a few thousand a
-# second. With a 2g heap's 1 MB regions every copy was humongous (with 1M held, ~1.2 GB of
-# humongous garbage between two collections), the held values themselves took about twice
-# their size in regions, and a micro-batch took ~1.8x as long as with 10k held. With 4 MB
-# regions the copies are ordinary young objects and it took as long
-# (docs/decisions/0008-driver-heap-and-g1-regions.md).
+# micro-batch, and a key holds one second of transactions. With a 2g heap's 1 MB regions every
+# copy was humongous, and a micro-batch slowed as more transactions were held; with 4 MB regions
+# the copies are ordinary young objects (figures: docs/decisions/0008-driver-heap-and-g1-regions.md).
 MIN_G1_REGION_MIB = 4
 _MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|t|tb)?$", re.IGNORECASE)
 _MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
