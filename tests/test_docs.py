@@ -73,7 +73,8 @@ def _layout_block() -> dict[str, set[str]]:
             named.setdefault(folder, set())
             words = words[1:]
         if folder is not None:
-            named[folder].update(w.strip(",;:()") for w in words if w.strip(",;:()").endswith(".py"))
+            names = (w.strip(",;:()") for w in words)
+            named[folder].update(n for n in names if n.endswith(".py"))
     return named
 
 

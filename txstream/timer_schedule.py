@@ -4,7 +4,8 @@ when a timer is due, and only then.
 Spark runs a processing-time timeout only inside a micro-batch. With its no-data batches on,
 a query with timeouts runs batches back to back, input or not, to find the due ones: an idle
 coordinator kept its cores busy (figures: docs/decisions/0003-timer-schedule.md). txstream
-turns those batches off (``txstream.streaming.engine.session``) and tells Spark when a timer is due instead:
+turns those batches off (``txstream.streaming.engine.session``) and tells Spark when a timer is
+due instead:
 
 - the operator emits a timer row for every state key it runs: the key's new timeout, or none
   (``txstream.streaming.engine.operator``);

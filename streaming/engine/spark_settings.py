@@ -50,7 +50,8 @@ DEFAULT_DRIVER_MEMORY = "2g"
 # outside the young generation. Spark's timeout scan copies every state key's value on every
 # micro-batch, and a key holds one second of transactions. With a 2g heap's 1 MB regions every
 # copy was humongous, and a micro-batch slowed as more transactions were held; with 4 MB regions
-# the copies are ordinary young objects (figures: docs/decisions/0008-driver-heap-and-g1-regions.md).
+# the copies are ordinary young objects
+# (figures: docs/decisions/0008-driver-heap-and-g1-regions.md).
 MIN_G1_REGION_MIB = 4
 _MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb|t|tb)?$", re.IGNORECASE)
 _MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
