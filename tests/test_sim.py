@@ -8,6 +8,7 @@ names its seed and the one command that replays it.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -60,7 +61,10 @@ def test_the_promise_holds_over_seeded_schedules(
     if ONE:
         injected, broken = _play(seeds[0])
     else:
-        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        # Forked from a fresh server, not from this process: a test process holds threads (a
+        # JVM's, Kafka clients') whose locks a plain fork would copy held.
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                                 mp_context=multiprocessing.get_context("forkserver")) as pool:
             for counts, failures in pool.map(_play, seeds):
                 injected.update(counts)
                 broken.extend(failures)
