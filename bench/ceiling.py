@@ -31,8 +31,10 @@ from bench.coordinator_phases import (
 from bench.harness import Harness
 from bench.workload import Workload
 from txstream.schema import EventKind, Kind, OutputRow
+from txstream.state.bucket import Bucket
 from txstream.streaming.engine.config import RunConfig
 from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.key_metrics import Counted, KeyTally
 from txstream.streaming.engine.operator import in_replay_order
 from txstream.streaming.engine.query import (
     event_stream,
@@ -40,7 +42,13 @@ from txstream.streaming.engine.query import (
     record_writer,
     stateful_outputs,
 )
-from txstream.streaming.engine.records import coordinator_tag, output_frame, record_id
+from txstream.streaming.engine.records import (
+    coordinator_tag,
+    output_frame,
+    output_rows,
+    record_id,
+    timer_row,
+)
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
@@ -66,11 +74,16 @@ def forwarding_function(real_topic: str, topics: Topics, body_bytes: int
         if not ends:
             return
         rows = []
+        tally = KeyTally(now)
         for number, (k, h) in enumerate(ends):
             rid = record_id(tag, int(key[0]), now, number)
             headers = h + pack_headers(((H.TRANSACTION_ID, k), (H.RECORD_ID, rid.encode())))
             rows.append(OutputRow(Kind.VISIBLE, real_topic, k, body, headers, rid, now, None,
                                   None, None))
+            tally.count(Counted.COMMITS, None, real_topic)
+        # The batch log counts releases from the keys' tallies, as the coordinator's.
+        rows += output_rows([timer_row(int(key[0]), None, tally.summary(int(key[0]), Bucket()))],
+                            [None], now)
         yield output_frame(rows)
 
     return forward

@@ -24,10 +24,10 @@ from txstream.streaming.cli.logs import LOG_FORMATS, configure_logging
 from txstream.streaming.engine.config import (
     DEFAULT_CHECKPOINT_ROOT,
     LOG_LEVELS,
+    HealthThresholds,
     RunConfig,
     parse_duration_ms,
 )
-from txstream.streaming.engine.health import HealthThresholds
 from txstream.streaming.engine.spark_settings import JIT_OPTIONS
 from txstream.topics import Topics
 

@@ -69,7 +69,7 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
 def _serve_metrics(config: RunConfig, coordinator: Coordinator, args: argparse.Namespace,
                    stack: ExitStack) -> None:
     """``/metrics`` and ``/healthz`` on ``--metrics-port``, with the input lag watched."""
-    from txstream.streaming.engine.health import HealthThresholds
+    from txstream.streaming.engine.config import HealthThresholds
     from txstream.streaming.engine.metrics import serve_coordinator
 
     try:

@@ -27,6 +27,7 @@ from txstream.streaming.engine.spark_settings import (
 from txstream.topics import Topics
 
 __all__ = [
+    "HealthThresholds",
     "DEFAULT_CHECKPOINT_ROOT",
     "RunConfig",
     "parse_duration_ms",
@@ -52,6 +53,15 @@ def parse_duration_ms(text: str | int | float) -> int:
         raise ConfigError(f"not a duration: {text!r} (examples: 6s, 250ms, 60s, 72h)")
     number, unit = match.groups()
     return int(float(number) * _UNITS[unit or "s"])
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """``--health-lag-growing`` and ``--health-timer-overdue``, in seconds (here, with the rest
+    of the configuration: the command line reads their defaults without the engine's imports)."""
+
+    lag_growing_s: float = 300.0
+    timer_overdue_s: float = 120.0
 
 
 @dataclass(frozen=True)

@@ -18,25 +18,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from txstream.kafka import EndProbe, KafkaSettings
+from txstream.streaming.engine.config import HealthThresholds
 from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
 
 __all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HealthThresholds:
-    """``--health-lag-growing`` and ``--health-timer-overdue``, in seconds."""
-
-    lag_growing_s: float = 300.0
-    timer_overdue_s: float = 120.0
 
 
 class LagWatch:
