@@ -31,8 +31,9 @@ def _json(url: str, timeout_s: float = 3.0) -> Any:
 
 
 def ui_json(port: int, path: str) -> Any:
-    """An answer of the driver's Spark UI REST API (``/api/v1/...``)."""
-    return _json(f"http://127.0.0.1:{port}/api/v1/{path}")
+    """An answer of the driver's Spark UI REST API (``/api/v1/...``): a driver whose cores
+    the whole suite shares answers in seconds, not milliseconds."""
+    return _json(f"http://127.0.0.1:{port}/api/v1/{path}", timeout_s=30.0)
 
 
 class StandaloneCluster:
