@@ -100,17 +100,20 @@ def submit_command(cluster: StandaloneCluster, *conf: str) -> list[str]:
             APPLICATION, "run"]
 
 
-def executor_pids() -> list[int]:
-    """The executor JVMs the worker runs (``CoarseGrainedExecutorBackend``)."""
+def executor_pids(cluster: StandaloneCluster) -> list[int]:
+    """The executor JVMs ``cluster``'s worker runs (``CoarseGrainedExecutorBackend``, working
+    in its work directory): never another cluster's on the same machine."""
     out = []
+    work = str(cluster.root / "work")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
-        if any(b"CoarseGrainedExecutorBackend" in a for a in argv):
+        if any(b"CoarseGrainedExecutorBackend" in a for a in argv) and cwd.startswith(work):
             out.append(int(entry))
     return out
 

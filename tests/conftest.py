@@ -38,6 +38,7 @@ SLOW_MARKS = {"spark", "kafka", "cluster", "crash", "soak"}
 GROUPS = {"cluster": "cluster", "crash": "crash"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups set here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))

@@ -53,6 +53,7 @@ class Submitted:
     cwd: Path
     ui_port: int
     start_seconds: float
+    cluster: StandaloneCluster
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def submitted(cluster: StandaloneCluster, kafka: KafkaSettings,
     process = CoordinatorProcess(args, root / "driver.log", command=command, cwd=cwd).start()
     try:
         seconds = started_coordinator(process)
-        yield Submitted(process, topics, root / "cp", cwd, ui_port, seconds)
+        yield Submitted(process, topics, root / "cp", cwd, ui_port, seconds, cluster)
     finally:
         process.terminate()
 
@@ -133,7 +134,7 @@ def test_an_executor_killed_mid_stream_loses_no_commit_and_shows_no_rollback(
     before, halves = _transactions(topics, group, real, 45)
     produce(kafka, halves)
     wait_until(lambda: _registered(kafka, topics, set(before)) == set(before), timeout_s=60)
-    killed = executor_pids()
+    killed = executor_pids(submitted.cluster)
     assert killed, "no executor to kill"
     # The end events go out and the executor dies while they are in flight.
     produce(kafka, [end_record(topics, txid, group, decision) for txid, decision in
@@ -141,7 +142,8 @@ def test_an_executor_killed_mid_stream_loses_no_commit_and_shows_no_rollback(
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    replaced = wait_until(lambda: [p for p in executor_pids() if p not in killed], timeout_s=60)
+    replaced = wait_until(lambda: [p for p in executor_pids(submitted.cluster) if p not in killed],
+                          timeout_s=60)
     replaced_s = time.monotonic() - killed_at
     after, halves = _transactions(topics, group, real, 15)
     produce(kafka, halves)
