@@ -146,8 +146,7 @@ def own_broker() -> Iterator[Callable[..., EmbeddedBroker]]:
 @pytest.fixture
 def coordinator_processes(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Coordinator processes of the test (``python -m txstream.streaming.cli ARGS``), ended
-    after it: ``coordinator_processes(args, **CoordinatorProcess options)``, not yet started.
-    Also the way to run a short command that may start Spark: ``.run(args)``."""
+    after it: ``coordinator_processes(args, **CoordinatorProcess options)``, not yet started."""
     from process_helpers import CoordinatorProcess
 
     made: list[CoordinatorProcess] = []
