@@ -145,7 +145,7 @@ def own_broker() -> Iterator[Callable[..., EmbeddedBroker]]:
 
 @pytest.fixture
 def coordinator_processes(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """Coordinator processes of the test (``python -m txstream.streaming.cli ARGS``), ended
+    """Coordinator processes of the test (``python -m txstream.streaming.cli run ARGS``), ended
     after it: ``coordinator_processes(args, **CoordinatorProcess options)``, not yet started."""
     from process_helpers import CoordinatorProcess
 
