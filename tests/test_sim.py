@@ -2,8 +2,9 @@
 
 ``pytest -m sim`` plays ``TXSTREAM_SIM_SEEDS`` schedules (1,000 by default), on every core;
 ``TXSTREAM_SIM_SEED=S`` plays one, and ``TXSTREAM_SIM_FIRST`` moves where the seeds start (a
-soak: ``TXSTREAM_SIM_FIRST=1000 TXSTREAM_SIM_SEEDS=100000 pytest -m sim``). A broken promise
-names its seed and the one command that replays it.
+soak: ``TXSTREAM_SIM_FIRST=1000 TXSTREAM_SIM_SEEDS=100000 pytest -m sim -o timeout=0``, past
+pytest's 600-s limit of one test). A broken promise names its seed and the one command that
+replays it.
 """
 
 from __future__ import annotations
