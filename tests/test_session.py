@@ -211,3 +211,42 @@ def test_after_a_failure_spark_s_python_processes_of_this_group_are_ended() -> N
     finally:
         elsewhere.kill()
         elsewhere.wait()
+
+
+def _hang_up_on_accumulator_server(server: Any, token: str) -> None:
+    """What the JVM does to pyspark's accumulator server at stop: one update, then it hangs up."""
+    import socket
+    import struct
+
+    with socket.create_connection(server.server_address, timeout=5) as conn:
+        conn.sendall(token.encode() + struct.pack("!i", 0))
+        assert conn.recv(1) == b"\x01"
+
+
+def test_stopping_spark_prints_no_traceback_for_the_jvm_hanging_up_on_accumulators(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """pyspark's ``SparkContext.stop`` closes the JVM before it flags its accumulator server down;
+    the server read the hang-up as an ``EOFError`` and printed it after Ctrl-C (a CI run)."""
+    import time
+    from types import SimpleNamespace
+
+    from pyspark.accumulators import _start_update_server
+
+    from txstream.streaming.engine.session import _quiet_accumulator_server
+
+    token = "t" * 16
+    server = _start_update_server(token, False)
+    try:  # as pyspark leaves it: the hang-up is printed
+        _hang_up_on_accumulator_server(server, token)
+        wait_until(lambda: "EOFError" in capsys.readouterr().err, timeout_s=5)
+    finally:
+        server.shutdown()
+    server = _start_update_server(token, False)
+    try:
+        _quiet_accumulator_server(SimpleNamespace(sparkContext=SimpleNamespace(
+            _accumulatorServer=server)))
+        _hang_up_on_accumulator_server(server, token)
+        time.sleep(1.5)  # the handler polls once a second
+    finally:
+        server.shutdown()
+    assert "Traceback" not in capsys.readouterr().err

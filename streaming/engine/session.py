@@ -143,6 +143,7 @@ def stop_spark(spark: Any) -> None:
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway
+    _quiet_accumulator_server(spark)
     spark.stop()
     proc = getattr(gateway, "proc", None)
     if gateway is not None:
@@ -161,6 +162,22 @@ def stop_spark(spark: Any) -> None:
     except Exception:
         proc.kill()
         proc.wait(timeout=5)
+
+
+def _quiet_accumulator_server(spark: Any) -> None:
+    """``SparkContext.stop`` stops the JVM before it flags its accumulator server down, so the
+    server's handler may read the JVM's closed connection and print an ``EOFError`` traceback.
+    At stop that end of stream is expected; any other error is still printed."""
+    server = getattr(getattr(spark, "sparkContext", None), "_accumulatorServer", None)
+    if server is None:
+        return
+    printed = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            printed(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def _spark_python_processes() -> list[int]:
