@@ -35,6 +35,7 @@ __all__ = [
     "FOREIGN_HORIZON_MS",
     "replay_suspected",
     "written_ids",
+    "released_before",
     "id_tag",
 ]
 
@@ -77,15 +78,15 @@ def id_tag(record_id: str) -> str:
     return record_id.split(".", 1)[0]
 
 
-def _record_id(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None:
+def _header(headers: Iterable[tuple[str, bytes | None]] | None, wanted: str) -> str | None:
     for name, value in headers or ():
-        if name == H.RECORD_ID and value is not None:
+        if name == wanted and value is not None:
             return bytes(value).decode("ascii", "replace")
     return None
 
 
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
-                    wanted: set[str], tag: str, batch_ms: int) -> set[str]:
+                    wanted: set[str], tag: str, batch_ms: int, header: str) -> set[str]:
     own_horizon = batch_ms - SKEW_MARGIN_MS
     foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
     found: set[str] = set()
@@ -95,13 +96,14 @@ def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end:
         for rec in read_range(consumers, topic, partition, start, end, _READ_TIMEOUT_S):
             if isinstance(rec, Unreadable):
                 continue  # not a record this coordinator wrote whole: it cannot be skipped
-            rid = _record_id(rec.headers)
-            if rid is not None and rid in wanted:
-                found.add(rid)
+            rid = _header(rec.headers, H.RECORD_ID)
+            own = rid is not None and id_tag(rid) == tag
+            value = rid if header == H.RECORD_ID else _header(rec.headers, header) if own else None
+            if value is not None and value in wanted:
+                found.add(value)
             ts = rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
             if ts is None:
                 continue
-            own = rid is not None and id_tag(rid) == tag
             if (own and ts < own_horizon) or ts < foreign_horizon:
                 done = True  # everything before this record was there before the batch
         if done or found >= wanted:
@@ -117,7 +119,23 @@ def written_ids(
     wanted = {t: ids for t, ids in wanted.items() if ids}
     if not wanted:
         return set()
-    tag = id_tag(next(iter(next(iter(wanted.values())))))
+    return _written(settings, wanted, batch_ms, id_tag(next(iter(next(iter(wanted.values()))))),
+                    H.RECORD_ID)
+
+
+def released_before(
+    settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, tag: str
+) -> set[str]:
+    """Which of ``wanted`` ({real topic: transaction ids}) a run of this batch released already:
+    a record of this coordinator (``tag``) for the transaction is on its real topic."""
+    wanted = {t: ids for t, ids in wanted.items() if ids}
+    if not wanted:
+        return set()
+    return _written(settings, wanted, batch_ms, tag, H.TRANSACTION_ID)
+
+
+def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, tag: str,
+             header: str) -> set[str]:
     probe = EndProbe(settings, role="sink")
     consumers = PatientConsumer(settings, role="sink", max_poll_records=_CHUNK)
     found: set[str] = set()
@@ -127,7 +145,7 @@ def written_ids(
             ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
             for (_, partition), end in sorted(ends.items()):
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         batch_ms)
+                                         batch_ms, header)
     finally:
         probe.close()
         consumers.close()

@@ -17,9 +17,10 @@ Options (strings, as Spark passes them):
 - ``key_layout``: JSON of ``txstream.state.keys.KeyLayout.as_dict()``: how records map to state
 keys.
 - ``read_timeout_ms`` (30000): a partition that delivers nothing for this long fails the task.
-- ``fail_on_data_loss`` (true): fail when a partition ends below the checkpoint (the broker lost
-  records); false reads such a partition again from offset 0, after a recovery from
-  ``journal_topic``.
+- ``fail_on_data_loss`` (true): fail when the broker lost records the checkpoint has read (a
+  partition ends below the checkpoint, or its topic was deleted and created again:
+  :mod:`txstream.sources.data_loss`); false reads such partitions again from offset 0, after a
+  recovery from ``journal_topic``.
 - ``read_tasks`` (2): Spark tasks per micro-batch; the topic-partitions are grouped into them.
 - ``check_crcs`` (true): kafka-python's record CRC check, pure Python unless ``crc32c`` is
   installed.
@@ -53,8 +54,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from txstream.kafka import topic_ids
 from txstream.kafka.provision import create_command, ensure_topics, topic_spec
 from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
+from txstream.sources.data_loss import TOPIC_IDS, find_loss
 from txstream.sources.event_rows import (
     arrow_schema,
     progress_row,
@@ -115,6 +118,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._partitions: dict[str, list[int]] = {}
         self._partitions_at: int | None = None
+        self._ids: dict[str, str] = {}  # the topics' ids as of the last partition refresh
         self._known_end: dict[tuple[str, int], int] = {}
         self._target: Offsets | None = None  # Trigger.AvailableNow: do not read past this
         self._schedule: tuple[Any, Schedule] | None = None  # (the file's identity, schedule)
@@ -157,6 +161,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise SourceReadError(f"topic {topic} has no partitions in the broker metadata")
             found[topic] = sorted(parts)
         self._partitions, self._partitions_at = found, now
+        self._ids = topic_ids(consumer, self.options.topics)
         return found
 
     def _high_watermarks(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
@@ -206,7 +211,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         journal = (self._recovery("a new checkpoint over half and end topics that hold records")
                    if used else None)
         return canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
-                         self.options.topics, tick, 0, journal.entry() if journal else None)
+                         self.options.topics, tick, 0, journal.entry() if journal else None,
+                         self._ids)
 
     def _timers(self) -> Schedule:
         """The schedule file, parsed again only when it changed (Spark asks every 10 ms)."""
@@ -240,25 +246,24 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._high_watermarks(canonical({}, self.options.topics))
 
-    def _lost(
-        self, start: Mapping[str, Mapping[str, int]], latest: Offsets
-    ) -> set[tuple[str, str]]:
-        """Partitions whose end is below the checkpoint: the broker lost records."""
-        lost = {(t, p) for t, ps in latest.items() for p, end in ps.items()
-                if end < int(start.get(t, {}).get(p, 0))}
-        if lost and self.options.fail_on_data_loss:
-            where = ", ".join(f"{t}/{p} (end {latest[t][p]}, checkpoint {start[t][p]})"
-                              for t, p in sorted(lost))
+    def _lost(self, start: Mapping[str, Any], records: Mapping[str, Mapping[str, int]],
+              latest: Offsets) -> set[tuple[str, str]]:
+        """The partitions whose records the broker lost (:mod:`txstream.sources.data_loss`)."""
+        loss = find_loss(records, latest, start.get(TOPIC_IDS, {}), self._ids)
+        if loss.why and self.options.fail_on_data_loss:
             raise SourceReadError(
-                f"the broker has fewer records than the checkpoint has read: {where}. Records "
-                "were lost (a broker with memory storage restarted?). Use a new checkpoint, or "
-                "set fail_on_data_loss=false to read these partitions again from the start "
-                "(either way, the outcomes in the history topic are read back first)."
+                f"the broker no longer has records the checkpoint has read: "
+                f"{'; '.join(loss.why)}. Use a new checkpoint, or set fail_on_data_loss=false "
+                "to read these partitions again from the start (either way, the outcomes in "
+                "the history topic are read back first)."
             )
-        for t, p in sorted(lost):
-            log.warning("%s/%s: end offset %d is below the checkpoint's %s; reading it again "
-                        "from offset 0", t, p, latest[t][p], start[t][p])
-        return lost
+        for why in loss.why:
+            log.warning("%s: reading it again from offset 0", why)
+        return set(loss.partitions)
+
+    def _ids_of(self, start: Mapping[str, Any]) -> dict[str, str]:
+        """The topics' ids for the next offset: the current ones, the start's where unknown."""
+        return {**start.get(TOPIC_IDS, {}), **self._ids}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         tick = self._tick(start)
@@ -266,7 +271,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends_read = int(start.get(ENDS_READ, {}).get("at", 0))
         records = records_of(start)
         latest = self._high_watermarks(records)
-        lost = self._lost(records, latest)
+        lost = self._lost(start, records, latest)
+        ids = self._ids_of(start)
         if lost and self.options.journal_topic is not None:
             journal = self._recovery("partitions read again from their start") or journal
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -276,7 +282,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             held = {t: {p: 0 if (t, p) in lost else o for p, o in ps.items()}
                     for t, ps in records.items()}
             return canonical(held, self._topic_order(held), tick, ends_read,
-                             journal.step(budget).entry())
+                             journal.step(budget).entry(), ids)
         out = self._planned(records, latest, lost, budget)
         moved = records_of(canonical(out, self._topic_order(out))) != records_of(
             canonical(records, self._topic_order(records))) or tick != start.get(TICK)
@@ -286,7 +292,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ends_read = self._progress.progress(planned, ends_read)
             self._progress.planned(ends_read)
         return canonical(out, self._topic_order(out), tick, ends_read,
-                         journal.entry() if journal else None)
+                         journal.entry() if journal else None, ids)
 
     def _topic_order(self, offsets: Mapping[str, Any]) -> list[str]:
         return list(dict.fromkeys([*self.options.topics, *offsets]))
@@ -310,7 +316,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 avail.append(max(0, end - s))
         if budget is not None:
             avail = spread_budget(avail, budget)
-        out: dict[str, dict[str, int]] = {t: dict(ps) for t, ps in start.items()}
+        # A lost partition (one its re-created topic no longer has too) starts over at 0.
+        out: dict[str, dict[str, int]] = {t: {p: 0 if (t, p) in lost else o
+                                              for p, o in ps.items()}
+                                          for t, ps in start.items()}
         for (topic, p), s, n in zip(keys, begin, avail, strict=True):
             # A lost partition ends this batch at 0, so the next one reads the new log whole.
             out.setdefault(topic, {})[p] = 0 if (topic, p) in lost else s + n

@@ -2,9 +2,10 @@
 
 ``{topic: {str(partition): next offset}}`` for the half and end topics, plus entries that are
 no topic: the timer tick (:data:`txstream.timer_schedule.TICK`), the progress time
-(:data:`txstream.sources.progress.ENDS_READ`) and a recovery from the history topic
-(:data:`txstream.sources.journal.JOURNAL`). Spark stores it in the checkpoint and compares offsets
-as JSON text: one key order, always, or "no new data" would look new.
+(:data:`txstream.sources.progress.ENDS_READ`), a recovery from the history topic
+(:data:`txstream.sources.journal.JOURNAL`) and the topics' ids
+(:data:`txstream.sources.data_loss.TOPIC_IDS`). Spark stores it in the checkpoint and
+compares offsets as JSON text: one key order, always, or "no new data" would look new.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from txstream.sources.data_loss import TOPIC_IDS
 from txstream.sources.journal import JOURNAL
 from txstream.sources.progress import ENDS_READ
 from txstream.timer_schedule import TICK
@@ -20,7 +22,7 @@ __all__ = ["Offsets", "RESERVED", "canonical", "records_of", "spread_budget"]
 
 # {topic: {str(partition): next offset to read}}, and the entries below.
 Offsets = dict[str, Any]
-RESERVED = frozenset({TICK, ENDS_READ, JOURNAL})
+RESERVED = frozenset({TICK, ENDS_READ, JOURNAL, TOPIC_IDS})
 
 
 def spread_budget(available: Sequence[int], budget: int) -> list[int]:
@@ -50,7 +52,8 @@ def spread_budget(available: Sequence[int], budget: int) -> list[int]:
 
 def canonical(offsets: Mapping[str, Any], topics: Sequence[str],
               tick: Mapping[str, int] | None = None, ends_read: int | None = None,
-              journal: Mapping[str, Any] | None = None) -> Offsets:
+              journal: Mapping[str, Any] | None = None,
+              ids: Mapping[str, str] | None = None) -> Offsets:
     """The offset with ``topics`` in this order, partitions by number, then the entries."""
     out: Offsets = {}
     for topic in topics:
@@ -64,6 +67,8 @@ def canonical(offsets: Mapping[str, Any], topics: Sequence[str],
         out[JOURNAL] = {part: {p: int(o) for p, o in sorted(journal[part].items(), key=lambda
                                                              kv: int(kv[0]))}
                         for part in ("at", "to")}
+    if ids:
+        out[TOPIC_IDS] = {topic: str(ids[topic]) for topic in sorted(ids)}
     return out
 
 

@@ -14,9 +14,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from txstream.kafka import KafkaSettings, make_producer
+from txstream.kafka import KafkaSettings, make_admin, make_consumer, make_producer, topic_ids
 from txstream.message import Decision, EndEvent, Message
 from txstream.schema import EventKind
+from txstream.sources.data_loss import TOPIC_IDS
 from txstream.sources.event_rows import event_struct, route
 from txstream.sources.events import Malformed, parse_event
 from txstream.sources.kafka_io import group_slices
@@ -200,7 +201,7 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     reader = _reader(kafka, topics, topic_partitions=2)
     start = reader.initialOffset()
     assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0},
-                     ENDS_READ: {"at": 0}}
+                     ENDS_READ: {"at": 0}, TOPIC_IDS: _ids(kafka, topics)}
     # 12 records on half/0, 3 on half/1, none on the end topic.
     records = [Record(topics.half, b"k", b"v%d" % i, ()) for i in range(15)]
     producer = make_producer(kafka)
@@ -229,7 +230,8 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
 
     # The broker has fewer records than the checkpoint read (a memory broker restarted).
     ahead = {topics.half: {"0": 20, "1": 3}, topics.end: {"0": 0, "1": 0}}
-    with pytest.raises(SourceReadError, match=r"HALF_TOPIC/0 \(end 12, checkpoint 20\)"):
+    with pytest.raises(SourceReadError,
+                       match=r"HALF_TOPIC/0 ends at 12, below the checkpoint's 20"):
         reader.latestOffset(ahead, ReadAllAvailable())
     lenient = _reader(kafka, topics, fail_on_data_loss="false")
     assert lenient.latestOffset(ahead, ReadAllAvailable())[topics.half] == {"0": 0, "1": 3}
@@ -238,6 +240,53 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     reader.prepareForTriggerAvailableNow()
     produce(kafka, [Record(topics.end, b"late", b"v", ())])
     assert records_of(reader.latestOffset(latest, ReadAllAvailable())) == records_of(latest)
+
+
+def _ids(kafka: KafkaSettings, topics: Topics) -> dict[str, str]:
+    consumer = make_consumer(kafka)
+    try:
+        consumer.topics()
+        return topic_ids(consumer, [topics.half, topics.end])
+    finally:
+        consumer.close()
+
+
+@pytest.mark.kafka
+def test_a_half_topic_created_again_is_read_again_even_past_the_checkpoint(kafka, topics
+                                                                            ) -> None:
+    """Deleted and created again, the half topic's offsets start over and here pass the
+    checkpoint's before the source looks: only the topic's id tells."""
+    reader = _reader(kafka, topics, topic_partitions=1)
+    start = reader.initialOffset()
+    produce(kafka, [_half(topics, f"T{i}") for i in range(3)])
+
+    def planned() -> dict | None:
+        offset = reader.latestOffset(start, ReadAllAvailable())
+        return offset if records_of(offset)[topics.half] == {"0": 3} else None
+
+    read = wait_until(planned)
+    before = _ids(kafka, topics)
+    admin = make_admin(kafka)
+    try:
+        admin.delete_topics([topics.half])
+        wait_until(lambda: topics.half not in admin.list_topics() or None)
+        from kafka.admin import NewTopic
+
+        admin.create_topics([NewTopic(topics.half, 1, 1)])
+    finally:
+        admin.close()
+    produce(kafka, [_half(topics, f"N{i}") for i in range(5)])
+    after = wait_until(lambda: (ids := _ids(kafka, topics))[topics.half] != before[
+        topics.half] and ids)
+    assert after[topics.end] == before[topics.end]
+    strict = _reader(kafka, topics)
+    with pytest.raises(SourceReadError, match="was deleted and created again"):
+        strict.latestOffset(read, ReadAllAvailable())
+    lenient = _reader(kafka, topics, fail_on_data_loss="false")
+    again = lenient.latestOffset(read, ReadAllAvailable())
+    assert records_of(again)[topics.half] == {"0": 0}  # read again from the start next
+    assert again[TOPIC_IDS] == after
+    assert records_of(lenient.latestOffset(again, ReadAllAvailable()))[topics.half] == {"0": 5}
 
 
 @pytest.mark.kafka

@@ -340,16 +340,18 @@ def test_the_source_plans_and_reads_batches_on_the_memory_broker(memory: World) 
     reader = KafkaEventReader(SourceOptions(kafka=memory.settings, half_topic=topics.half,
                                             end_topic=topics.end), event_struct())
     start = reader.initialOffset()  # creates both topics, two partitions each
+    ids = {t: broker.topic_id(t) for t in (topics.half, topics.end)}
     assert start == {topics.half: {"0": 0, "1": 0}, topics.end: {"0": 0, "1": 0},
-                     "_ends_read": {"at": 0}}
+                     "_ends_read": {"at": 0}, "_topic_ids": ids}
     records = [half_record(topics, f"tx-{i}", "G", "orders") for i in range(12)]
     records += [end_record(topics, f"tx-{i}", "G", Decision.COMMIT_MESSAGE) for i in range(5)]
     for record in records:
         broker.append(record.topic, record.key, record.value, record.headers)
     end = reader.latestOffset(start, ReadAllAvailable())
-    ends_read = end.pop("_ends_read")
+    ends_read, known = end.pop("_ends_read"), end.pop("_topic_ids")
     assert end == {t: {str(p): broker.end_offset(t, p) for p in (0, 1)}
                    for t in (topics.half, topics.end)}
+    assert known == ids
     end["_ends_read"] = ends_read
     rows = sum(batch.num_rows for part in reader.partitions(start, end)
                for batch in reader.read(part))

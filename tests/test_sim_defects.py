@@ -1,11 +1,12 @@
 """The simulation catches each defect it was built for: put the old rule back, and a seeded
 schedule breaks the promise.
 
-Each case re-introduces one defect found by reading the code against the seeds (issue 31) at
-the depth where it lived, as it was, and plays the first seed of the simulation's default run
-(``pytest -m sim``) that caught it. A change to the simulation that moves its schedules may
-move the seed: ``TXSTREAM_SIM_SEEDS=400 pytest -m sim`` with the old rule put back (the
-patches here) finds another. The consumer's retries (defect 5) are outside the simulation:
+Each case re-introduces one defect found by reading the code against the seeds (issue 31), or
+by a run of the simulation longer than the default, at the depth where it lived, as it was, and
+plays the first seed that caught it (of the default run, ``pytest -m sim``, where it did). A
+change to the simulation that moves its schedules may move the seed:
+``TXSTREAM_SIM_SEEDS=400 pytest -m sim`` with the old rule put back (the patches here) finds
+another. The consumer's retries (defect 5) are outside the simulation:
 ``tests/test_client_retry.py``.
 """
 
@@ -21,9 +22,11 @@ import txstream.client.check_choice as check_choice
 import txstream.kafka.reading as reading
 import txstream.sources.bodies as bodies
 import txstream.sources.journal as journal
+import txstream.sources.kafka_source as kafka_source
 import txstream.state.bucket as bucket
 import txstream.state.lifecycle as lifecycle
 import txstream.state.timing as timing
+import txstream.streaming.engine.operator as operator
 from txstream.state.effects import Release
 from txstream.state.lifecycle import Action
 from txstream.state.timing import anchor
@@ -138,8 +141,20 @@ def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Producers, "_answer", by_key)
 
 
+def _topic_ids_unread(mp: pytest.MonkeyPatch) -> None:
+    """11 (a long run): a half topic deleted and created again is seen only by its offsets,
+    so records written past the checkpoint's offset before it looks are never read."""
+    mp.setattr(kafka_source, "topic_ids", lambda consumer, topics: {})
+
+
+def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
+    """12 (a long run): a replay takes a body gone since its first run at its word, though
+    that run released it: the replay emits another verdict than the records already written."""
+    mp.setattr(operator, "_not_released_before", lambda kafka, bucket, gone, now, tag: gone)
+
+
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
-    ("1-stale-watermark", _stale_body_read, 37, "while its body is there"),
+    ("1-stale-watermark", _stale_body_read, 175, "although its commit was written before"),
     ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
     ("3-born-time", _age_from_born_time, 12, "discarded for age"),
     ("3-ends-unread", _discard_before_ends_read, 58, "its commit was written before"),
@@ -149,6 +164,8 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("8-producer-clock", _expiry_on_producer_clock, 6, "was not answered"),
     ("9-fewer-partitions", _partitions_assumed, 12, "failed 3 times in a row"),
     ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
+    ("11-recreated-topic", _topic_ids_unread, 3099, "never ended"),
+    ("12-replay-body-gone", _replay_trusts_the_body_read, 3620, "the metrics count"),
 ]
 
 

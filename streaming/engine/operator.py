@@ -29,6 +29,7 @@ from txstream.message import MAX_BODY_BYTES, Decision, EndEvent
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.refusals import Code
 from txstream.schema import EventKind, EventRow
+from txstream.sinks.replay import released_before, replay_suspected
 from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.sources.events import Malformed, parse_event
 from txstream.spark_worker import settle
@@ -104,6 +105,25 @@ def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
     return now + duration  # what Spark arms: the batch's time plus the duration
 
 
+def _not_released_before(kafka: KafkaSettings, bucket: Bucket, gone: dict[str, str],
+                         batch_ms: int, tag: str) -> dict[str, str]:
+    """The gone bodies whose release a crashed run of this batch did not write already.
+
+    A body can vanish between a batch's run and its replay (retention, a re-created half
+    topic). The replay must still emit what the first run emitted, which released it: so a body
+    whose release is on its real topic counts as there, and the sink, finding that release
+    under its record id, neither writes it again nor needs the body."""
+    if not replay_suspected():
+        return gone
+    by_topic: dict[str, set[str]] = {}
+    for txid in gone:
+        tx = bucket.get(txid)
+        if tx is not None and tx.half is not None:
+            by_topic.setdefault(tx.half.topic, set()).add(txid)
+    released = released_before(kafka, by_topic, batch_ms, tag)
+    return {txid: why for txid, why in gone.items() if txid not in released}
+
+
 def coordinator_function(
     policy: Policy, topics: Topics, kafka: KafkaSettings | None = None,
     max_body: int = MAX_BODY_BYTES, max_record: int = KAFKA_MAX_MESSAGE_BYTES,
@@ -156,6 +176,8 @@ def coordinator_function(
             raise ValueError("held half messages need their bodies read back: the coordinator "
                              "function was made without Kafka settings")
         gone = gone_bodies(bodies, wanted)
+        if gone and kafka is not None:
+            gone = _not_released_before(kafka, bucket, gone, now, tag)
         return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
 
     def apply_events(bucket: Bucket, events: list[Event], now: int, rows: list[Emit],

@@ -313,7 +313,7 @@ def unknowable(world: Any, truth: Any, seen: Observed, fresh_at: list[int]) -> b
     the half topic, and no state holds it (never registered, or its state lost with a new
     checkpoint)."""
     return _half_gone(world, truth) and (
-        seen.seen_at(truth.txid) is None or any(t > truth.halves[0][0] for t in fresh_at))
+        seen.seen_at(truth.txid) is None or any(t >= truth.halves[0][0] for t in fresh_at))
 
 
 def _half_gone(world: Any, truth: Any) -> bool:

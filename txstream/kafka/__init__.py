@@ -34,6 +34,7 @@ from txstream.kafka.reading import (
     partition_ends,
     read_range,
     read_topic,
+    topic_ids,
 )
 from txstream.kafka.settings import KafkaSettings
 
@@ -58,6 +59,7 @@ __all__ = [
     "Unreadable",
     "fetch_ends",
     "partition_ends",
+    "topic_ids",
     "read_range",
     "read_topic",
 ]

@@ -346,6 +346,7 @@ class ClientMetadata:
     def __init__(self, broker: MemoryBroker, max_age_ms: int, auto_create: bool) -> None:
         self.broker, self.max_age_ms, self.auto_create = broker, max_age_ms, auto_create
         self.partitions: dict[str, int] = {}
+        self.ids: dict[str, uuid.UUID] = {}
         self.at: int | None = None
 
     def stale(self) -> bool:
@@ -360,7 +361,12 @@ class ClientMetadata:
             self.broker.maybe_auto_create(topic)
         self.partitions = {t: self.broker.partition_count(t) or 0
                            for t in self.broker.topic_names()}
+        self.ids = {t: uuid.UUID(self.broker.topic_id(t)) for t in self.partitions}
         self.at = self.broker.clock()
+
+    def topic_id(self, topic: str) -> uuid.UUID | None:
+        """As kafka-python's ``ClusterMetadata.topic_id``: as of the last request."""
+        return self.ids.get(topic)
 
     def count(self, topic: str, named: bool = False) -> int | None:
         """``topic``'s partitions, asking the broker if it is unknown or the view old."""

@@ -85,6 +85,7 @@ class MemoryConsumer:
         self._polls = 0
         self._metadata = ClientMetadata(broker, self.config["metadata_max_age_ms"],
                                         self.config["allow_auto_create_topics"])
+        self._cluster = self._metadata  # where kafka-python's consumer keeps its topic ids
         self._tracked: set[str] = set()  # the assigned topics, whose metadata it asks for
 
     # --- metadata ----------------------------------------------------------------------------

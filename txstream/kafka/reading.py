@@ -21,7 +21,7 @@ from txstream.kafka.clients import (
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["Unreadable", "EndProbe", "fetch_ends", "partition_ends", "read_range",
-           "read_topic", "TopicReader", "MAX_RECORDS_PER_POLL"]
+           "read_topic", "topic_ids", "TopicReader", "MAX_RECORDS_PER_POLL"]
 
 MAX_RECORDS_PER_POLL = 8192
 Position = tuple[str, int]  # (topic, partition)
@@ -193,6 +193,16 @@ def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0
     with EndProbe(settings) as probe:
         ends = probe.topic_ends([topic], {}, timeout_s)
     return {partition: end for (_, partition), end in ends.items()}
+
+
+def topic_ids(consumer: Any, topics: Iterable[str]) -> dict[str, str]:
+    """The id (KIP-516) of each of ``topics`` as of ``consumer``'s last metadata request. A topic
+    deleted and created again has a new id under the same name, and its offsets start over.
+    Topics the broker gives no id (Metadata before v10) are left out."""
+    # kafka-python keeps the ids only in its cluster metadata; no public call returns them.
+    cluster = getattr(consumer, "_cluster", None)
+    found = {topic: cluster.topic_id(topic) if cluster is not None else None for topic in topics}
+    return {topic: str(tid) for topic, tid in found.items() if tid is not None and tid.int}
 
 
 ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with

@@ -1,0 +1,54 @@
+"""Records the checkpoint has read that the broker no longer has: which partitions start over.
+
+Two ways a half or end partition loses them:
+
+- it ends below the checkpoint's offset (a broker with memory storage restarted);
+- its topic was deleted and created again. Its offsets start over at 0 and may pass the
+  checkpoint's before the coordinator looks, so the offsets alone cannot tell; the topic's id
+  (KIP-516) can. The ids travel in the stream offset (``"_topic_ids": {topic: id}``).
+
+Either way the partitions are read again from offset 0 (``fail_on_data_loss=false``, after a
+recovery from the history topic) or the query fails. Pure: the reader gives what it learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["TOPIC_IDS", "Loss", "find_loss"]
+
+# The stream offset's entry for the topics' ids.
+TOPIC_IDS = "_topic_ids"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The partitions to read again from offset 0, and why, one line per cause."""
+
+    partitions: frozenset[tuple[str, str]] = frozenset()
+    why: tuple[str, ...] = ()
+
+
+def find_loss(start: Mapping[str, Mapping[str, int]], ends: Mapping[str, Mapping[str, int]],
+              known_ids: Mapping[str, str], ids: Mapping[str, str]) -> Loss:
+    """``start``: the checkpoint's offsets ({topic: {partition: next offset}}); ``ends``: the
+    partitions' end offsets now; ``known_ids``: the topics' ids when the checkpoint read them;
+    ``ids``: their ids now (a topic missing from either is not judged by id)."""
+    lost: set[tuple[str, str]] = set()
+    why: list[str] = []
+    for topic, now in sorted(ids.items()):
+        before = known_ids.get(topic)
+        parts = start.get(topic, {})
+        if before is None or before == now or not any(int(o) > 0 for o in parts.values()):
+            continue
+        lost |= {(topic, p) for p in parts}
+        why.append(f"{topic} was deleted and created again (its id changed from {before} to "
+                   f"{now})")
+    for topic, parts in sorted(ends.items()):
+        for p, end in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            read = int(start.get(topic, {}).get(p, 0))
+            if end < read and (topic, p) not in lost:
+                lost.add((topic, p))
+                why.append(f"{topic}/{p} ends at {end}, below the checkpoint's {read}")
+    return Loss(frozenset(lost), tuple(why))
