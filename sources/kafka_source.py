@@ -253,9 +253,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if loss.why and self.options.fail_on_data_loss:
             raise SourceReadError(
                 f"the broker no longer has records the checkpoint has read: "
-                f"{'; '.join(loss.why)}. Use a new checkpoint, or set fail_on_data_loss=false "
-                "to read these partitions again from the start (either way, the outcomes in "
-                "the history topic are read back first)."
+                f"{'; '.join(loss.why)}. Start on a new checkpoint (txstream run "
+                "--checkpoint-dir), or set the source's option fail_on_data_loss=false to read "
+                "these partitions again from the start; either way the outcomes in the "
+                "history topic are read back first."
             )
         for why in loss.why:
             log.warning("%s: reading it again from offset 0", why)
