@@ -246,3 +246,15 @@ def test_a_later_request_in_the_same_fetch_supersedes_an_earlier_one() -> None:
     choice = CheckChoice()
     assert choice.choose(fetched, T0).verdicts == (Verdict.SUPERSEDED, Verdict.ANSWER)
     assert choice.choose(fetched[:1], T0).verdicts == (Verdict.TAKEN,)  # a lower one, later
+
+
+def test_the_codecs_the_page_allows_are_the_ones_the_coordinators_client_reads() -> None:
+    import kafka.codec
+
+    rule = _section("`compression.type`", "No Kafka transactions")
+    allowed = re.findall(r"`(\w+)`", rule.split(":", 1)[0])
+    missing = re.findall(r"the (\w+), (\w+) and (\w+) codecs", rule)[0]
+    assert allowed == ["none", "gzip"] and kafka.codec.has_gzip()
+    assert sorted(missing) == ["lz4", "snappy", "zstd"]
+    for codec in missing:  # installing one: say so on the page
+        assert not getattr(kafka.codec, f"has_{codec}")(), codec
