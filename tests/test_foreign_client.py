@@ -31,6 +31,8 @@ GROUP = "foreign"
 HALF, END, CHECK = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", \
     "RMQ_SYS_TRANS_CHECK_"
 DISCARD, DEAD_LETTER = "TRANS_CHECK_MAX_TIME_TOPIC", "TXSTREAM_DEAD_LETTER"
+# The page's producer settings and partitioner (librdkafka's default partitioner is CRC32).
+PRODUCER = {"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"}
 
 
 def _half(prefix: str, txid: str, real: str, body: bytes, **props: str) -> dict[str, Any]:
@@ -79,8 +81,7 @@ class Checker(threading.Thread):
         self.servers, self.prefix, self.plan = servers, prefix, plan
         self.asked: list[tuple[str, int]] = []
         self.stop = threading.Event()
-        self.producer = confluent_kafka.Producer({"bootstrap.servers": servers,
-                                                  "enable.idempotence": True})
+        self.producer = confluent_kafka.Producer({"bootstrap.servers": servers, **PRODUCER})
 
     def run(self) -> None:
         topic = f"{self.prefix}{CHECK}{GROUP}"
@@ -127,8 +128,7 @@ def test_a_client_written_from_the_wire_format_alone(coordinator: str,
     plan = {"checked-commit": "COMMIT_MESSAGE", "unknown-forever": "UNKNOW"}
     checker = Checker(servers, prefix, plan)
     checker.start()
-    producer = confluent_kafka.Producer({"bootstrap.servers": servers,
-                                         "enable.idempotence": True})
+    producer = confluent_kafka.Producer({"bootstrap.servers": servers, **PRODUCER})
     foreign_end = _end(prefix, "wrong-group", "COMMIT_MESSAGE", group="intruders",
                        extra=(("X-Trace", b"abc"),))
     orphan = _end(prefix, "no-half", "COMMIT_MESSAGE", extra=(("X-Trace", b"def"),))

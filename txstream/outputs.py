@@ -99,7 +99,8 @@ def encode_check(
     msg: Message, check_times: int, topics: Topics, valid_until: int | None = None
 ) -> Record:
     """A back-check request, on the check topic of the message's producer group: the half
-    message as it was stored, headers included, the check's number and until when it holds."""
+    message (key, body, its headers written anew in a fixed order), the check's number and until
+    when it holds."""
     assert msg.transaction_id and msg.producer_group
     headers = [*half_headers(msg), (H.CHECK_TIMES, utf8(str(check_times)))]
     if valid_until is not None:
