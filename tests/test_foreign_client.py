@@ -31,8 +31,10 @@ GROUP = "foreign"
 HALF, END, CHECK = "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", \
     "RMQ_SYS_TRANS_CHECK_"
 DISCARD, DEAD_LETTER = "TRANS_CHECK_MAX_TIME_TOPIC", "TXSTREAM_DEAD_LETTER"
-# The page's producer settings and partitioner (librdkafka's default partitioner is CRC32).
-PRODUCER = {"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"}
+# The page's producer settings and partitioner (librdkafka's default partitioner is CRC32),
+# compressed as a librdkafka application often does.
+PRODUCER = {"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random",
+            "compression.type": "lz4"}
 
 
 def _half(prefix: str, txid: str, real: str, body: bytes, **props: str) -> dict[str, Any]:

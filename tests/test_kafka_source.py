@@ -401,6 +401,49 @@ def test_unreadable_record_becomes_malformed_instead_of_stopping_the_source(
     assert [rows[(1, o)]["error"] is None for o in range(3)] == [True, False, False]
 
 
+def _end_rows(kafka: KafkaSettings, topics: Topics, reader: KafkaEventReader, start: dict
+              ) -> dict[tuple[int, int], dict]:
+    end = wait_until(lambda: (o := reader.latestOffset(start, ReadAllAvailable()))[topics.end]
+                     != start[topics.end] and o)
+    return {(row["src_partition"], row["src_offset"]): row
+            for part in reader.partitions(start, end)
+            for batch in _read(kafka, topics, part, read_timeout_ms=2000)
+            for row in batch.to_pylist() if row["kind"] != EventKind.PROGRESS}
+
+
+@pytest.mark.kafka
+def test_records_compressed_with_any_of_kafkas_codecs_are_read(kafka, topics,
+                                                               monkeypatch) -> None:
+    """A Java or librdkafka producer may compress with gzip, snappy, lz4 or zstd: each is read.
+    A codec kafka-python could not read makes its records unreadable (dead-lettered), never
+    stops the source."""
+    from kafka import codec as kafka_codec
+
+    reader = _reader(kafka, topics, read_timeout_ms=2000)
+    start = reader.initialOffset()
+    codecs = ("gzip", "snappy", "lz4", "zstd")
+    for partition, codec in enumerate(codecs):
+        producer = make_producer(kafka, compression_type=codec)
+        try:
+            for txid in (f"{codec}-1", f"{codec}-2"):
+                r = _end(topics, txid)
+                producer.send(r.topic, key=r.key, value=r.value, headers=list(r.headers),
+                              partition=partition % 2)
+            producer.flush()
+        finally:
+            producer.close()
+    rows = _end_rows(kafka, topics, reader, start)
+    assert sorted(bytes(r["key"]).decode() for r in rows.values()) == sorted(
+        f"{c}-{i}" for c in codecs for i in (1, 2))
+    assert all(r["error"] is None for r in rows.values())
+    monkeypatch.setattr(kafka_codec, "has_zstd", lambda: False)
+    unreadable = _end_rows(kafka, topics, _reader(kafka, topics, read_timeout_ms=2000), start)
+    assert sorted(unreadable) == sorted(rows)
+    failed = {k for k, r in unreadable.items() if r["error"] is not None}
+    assert failed == {k for k, r in rows.items() if bytes(r["key"]).startswith(b"zstd")}
+    assert all("UnsupportedCodecError" in unreadable[k]["error"] for k in failed)
+
+
 def test_spread_budget_is_fair_and_never_exceeds() -> None:
     assert spread_budget([100, 100], 10) == [5, 5]
     assert spread_budget([2, 100, 100], 10) == [2, 4, 4]

@@ -28,7 +28,8 @@ Position = tuple[str, int]  # (topic, partition)
 
 
 class Unreadable(NamedTuple):
-    """A record kafka-python cannot parse (a header name that is not UTF-8, a bad CRC)."""
+    """A record kafka-python cannot parse (a header name that is not UTF-8, a bad CRC, a
+    compression codec it has no library for)."""
 
     topic: str
     partition: int
@@ -54,7 +55,7 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
     Fetching at the last known end makes the broker send (nearly) no records back; a consumer
     made with ``max_partition_fetch_bytes=1`` keeps even that small.
     """
-    from kafka.errors import CorruptRecordError
+    from kafka.errors import CorruptRecordError, UnsupportedCodecError
 
     ends: dict[Position, int] = {}
     pending = list(tps)
@@ -70,7 +71,7 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
         try:
             consumer.poll(timeout_ms=1, max_records=1)
             corrupt = False
-        except CorruptRecordError:
+        except (CorruptRecordError, UnsupportedCodecError):
             # A record we do not even want; its fetch still set the high watermark. But
             # kafka-python would spin forever on that parsed fetch: start the rest afresh.
             corrupt = True
@@ -232,7 +233,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
     that the partition lacks it: confirm with a new consumer.
     """
     from kafka import TopicPartition
-    from kafka.errors import CorruptRecordError
+    from kafka.errors import CorruptRecordError, UnsupportedCodecError
 
     tp = TopicPartition(topic, partition)
     consumer = consumer_for(False)
@@ -247,7 +248,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             # a fetch brings back far more than a range that ends mid-log needs.
             batch = consumer.poll(timeout_ms=10,
                                   max_records=min(MAX_RECORDS_PER_POLL, end - position))
-        except CorruptRecordError as exc:
+        except (CorruptRecordError, UnsupportedCodecError) as exc:
             # kafka-python stops at the bad record with the position on it, forever: skip it,
             # or one bad record stops every reader. It cannot parse the rest of that record
             # batch either, so those offsets come out unreadable too (with their offsets).
