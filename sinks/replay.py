@@ -25,7 +25,7 @@ out only when its very id was found on its topic.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer, Unreadable, read_range
 from txstream.wire import H
@@ -86,7 +86,8 @@ def _header(headers: Iterable[tuple[str, bytes | None]] | None, wanted: str) -> 
 
 
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
-                    wanted: set[str], tag: str, batch_ms: int, header: str) -> set[str]:
+                    wanted: set[str], tag: str, batch_ms: int, header: str,
+                    counts: Callable[[str], bool]) -> set[str]:
     own_horizon = batch_ms - SKEW_MARGIN_MS
     foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
     found: set[str] = set()
@@ -98,7 +99,8 @@ def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end:
                 continue  # not a record this coordinator wrote whole: it cannot be skipped
             rid = _header(rec.headers, H.RECORD_ID)
             own = rid is not None and id_tag(rid) == tag
-            value = rid if header == H.RECORD_ID else _header(rec.headers, header) if own else None
+            value = (rid if header == H.RECORD_ID else _header(rec.headers, header)
+                     if own and counts(rid) else None)
             if value is not None and value in wanted:
                 found.add(value)
             ts = rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
@@ -124,18 +126,26 @@ def written_ids(
 
 
 def released_before(
-    settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, tag: str
+    settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, first_id: str
 ) -> set[str]:
     """Which of ``wanted`` ({real topic: transaction ids}) a run of this batch released already:
-    a record of this coordinator (``tag``) for the transaction is on its real topic."""
+    a record for the transaction is on its real topic under an id of this batch's state key,
+    numbered from ``first_id`` on (the ids the key's call takes in this batch)."""
     wanted = {t: ids for t, ids in wanted.items() if ids}
     if not wanted:
         return set()
-    return _written(settings, wanted, batch_ms, tag, H.TRANSACTION_ID)
+    prefix, first = first_id.rsplit(".", 1)
+
+    def of_this_batch(rid: str) -> bool:
+        head, _, number = rid.rpartition(".")
+        return head == prefix and number.isdigit() and int(number) >= int(first)
+
+    return _written(settings, wanted, batch_ms, id_tag(first_id), H.TRANSACTION_ID,
+                    of_this_batch)
 
 
 def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, tag: str,
-             header: str) -> set[str]:
+             header: str, counts: Callable[[str], bool] = lambda rid: True) -> set[str]:
     probe = EndProbe(settings, role="sink")
     consumers = PatientConsumer(settings, role="sink", max_poll_records=_CHUNK)
     found: set[str] = set()
@@ -145,7 +155,7 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: 
             ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
             for (_, partition), end in sorted(ends.items()):
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         batch_ms, header)
+                                         batch_ms, header, counts)
     finally:
         probe.close()
         consumers.close()

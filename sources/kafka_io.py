@@ -10,6 +10,7 @@ records).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from txstream.kafka.reading import MAX_RECORDS_PER_POLL
 from txstream.options import parse_options
 from txstream.state.keys import KeyLayout
 from txstream.topics import END_TOPIC, HALF_TOPIC, validate_topic
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ROWS_PER_BATCH",
@@ -177,16 +180,35 @@ def high_watermarks(
         raise SourceReadError(str(exc)) from None
 
 
+def _gone(options: SourceOptions, part: TopicSlice, at: int) -> bool:
+    """Whether the broker answers that the partition no longer holds offset ``at``: it does
+    not exist, or it ends at or before it."""
+    try:
+        ends = high_watermarks(options, {part.topic: [part.partition]}, {})
+    except SourceReadError:
+        return False  # no answer: the broker is down, not the records gone
+    end = ends.get((part.topic, part.partition))
+    return end is None or end <= at
+
+
 def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
     """The records of ``part`` in order (ConsumerRecord, or Unreadable for one kafka-python
     cannot parse); raises SourceReadError if they do not all arrive in time."""
     reader = _reader(options, part.topic)
+    at = part.start
     try:
-        yield from read_range(reader, part.topic, part.partition, part.start, part.end,
-                              options.read_timeout_ms / 1000)
+        for rec in read_range(reader, part.topic, part.partition, part.start, part.end,
+                              options.read_timeout_ms / 1000):
+            at = rec.offset + 1
+            yield rec
     except ReadFailed as exc:
         reader.drop()
-        raise SourceReadError(str(exc)) from None
+        if options.fail_on_data_loss or not _gone(options, part, at):
+            raise SourceReadError(str(exc)) from None
+        # A batch planned before its records were lost (a replay after the topic was created
+        # again): the planner reads the partition again from its start (sources.data_loss).
+        log.warning("%s/%d: records [%d, %d) are gone (fail_on_data_loss=false): skipped",
+                    part.topic, part.partition, at, part.end)
     except Exception as exc:
         reader.drop()
         raise SourceReadError(

@@ -150,7 +150,7 @@ def _topic_ids_unread(mp: pytest.MonkeyPatch) -> None:
 def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
     """12 (a long run): a replay takes a body gone since its first run at its word, though
     that run released it: the replay emits another verdict than the records already written."""
-    mp.setattr(operator, "_not_released_before", lambda kafka, bucket, gone, now, tag: gone)
+    mp.setattr(operator, "_not_released_before", lambda kafka, bucket, gone, now, first: gone)
 
 
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [

@@ -106,13 +106,14 @@ def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
 
 
 def _not_released_before(kafka: KafkaSettings, bucket: Bucket, gone: dict[str, str],
-                         batch_ms: int, tag: str) -> dict[str, str]:
+                         batch_ms: int, first_id: str) -> dict[str, str]:
     """The gone bodies whose release a crashed run of this batch did not write already.
 
     A body can vanish between a batch's run and its replay (retention, a re-created half
     topic). The replay must still emit what the first run emitted, which released it: so a body
-    whose release is on its real topic counts as there, and the sink, finding that release
-    under its record id, neither writes it again nor needs the body."""
+    whose release is on its real topic under one of this batch's record ids (``first_id`` on)
+    counts as there, and the sink, finding that release under its record id, neither writes it
+    again nor needs the body."""
     if not replay_suspected():
         return gone
     by_topic: dict[str, set[str]] = {}
@@ -120,7 +121,7 @@ def _not_released_before(kafka: KafkaSettings, bucket: Bucket, gone: dict[str, s
         tx = bucket.get(txid)
         if tx is not None and tx.half is not None:
             by_topic.setdefault(tx.half.topic, set()).add(txid)
-    released = released_before(kafka, by_topic, batch_ms, tag)
+    released = released_before(kafka, by_topic, batch_ms, first_id)
     return {txid: why for txid, why in gone.items() if txid not in released}
 
 
@@ -163,8 +164,8 @@ def coordinator_function(
                 events.append(event)
         return events
 
-    def bodies_gone(bucket: Bucket, events: list[Event], now: int, ends_read: int
-                    ) -> list[BodyGone]:
+    def bodies_gone(bucket: Bucket, events: list[Event], now: int, ends_read: int,
+                    state_key: int) -> list[BodyGone]:
         """The bodies this call may write that are gone, as events (the sink reads the others
         again as it writes them: big bodies stay out of the JVM)."""
         commits = [e.transaction_id for e in events if isinstance(e, EndEvent)
@@ -177,7 +178,10 @@ def coordinator_function(
                              "function was made without Kafka settings")
         gone = gone_bodies(bodies, wanted)
         if gone and kafka is not None:
-            gone = _not_released_before(kafka, bucket, gone, now, tag)
+            # The ids this call will number its records from (take_numbers, below).
+            epoch = now if bucket.epoch is None else bucket.epoch
+            first_id = record_id(tag, state_key, epoch, bucket.next_number)
+            gone = _not_released_before(kafka, bucket, gone, now, first_id)
         return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
 
     def apply_events(bucket: Bucket, events: list[Event], now: int, rows: list[Emit],
@@ -204,7 +208,7 @@ def coordinator_function(
         rows: list[Emit] = []
         events = decode_rows(bucket, frames, now, rows, tally)
         # A body that is gone is told first: no event or timer then claims to write it.
-        gone: list[Event] = list(bodies_gone(bucket, events, now, ends_read))
+        gone: list[Event] = list(bodies_gone(bucket, events, now, ends_read, state_key))
         apply_events(bucket, gone + events, now, rows, notes, tally)
         # Events first: a commit in this batch spares the transaction a check due now.
         # Timers due within the lead run now, as of their deadlines, and the sink holds their

@@ -201,6 +201,7 @@ class Simulation:
         self.failed_batch: int | None = None
         self.failures = 0
         self.away_spans: list[tuple[str, int, int]] = []
+        self.backlog: dict[int, int] = {}  # a flood's end offsets, until read past
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -236,6 +237,9 @@ class Simulation:
                 end = EndEvent(f"orphan-{self.sc.seed}-{now}-{i}", "GX", COMMIT)
                 record = encode_end(end, world.topics)
                 world.broker.append(record.topic, record.key, record.value, record.headers)
+            topic = world.topics.end
+            self.backlog = {p: world.broker.end_offset(topic, p)
+                            for p in range(world.broker.partition_count(topic) or 0)}
         elif fault.kind == "recreate":
             world.broker.delete_topic(world.topics.half)
             world.broker.create_topic(world.topics.half, 1)
@@ -282,9 +286,20 @@ class Simulation:
             self.pending_crash = None
         self.report.batches += 1
         self.report.replays += report.replay
+        self._read_backlog()
         self.summaries.extend(report.timers)
         check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy,
                    self.fresh_at)
+
+    def _read_backlog(self) -> None:
+        """A flood's backlog lasts until the coordinator has read past it: answers written
+        meanwhile wait behind it, so timeliness is judged from then on (``quiet_since``)."""
+        if not self.backlog:
+            return
+        read = self.spark.read_to(self.world.topics.end)
+        if all(read.get(p, 0) >= end for p, end in self.backlog.items()):
+            self.backlog = {}
+        self.quiet_since = max(self.quiet_since, self.world.now)
 
     def _failed(self, exc: Exception) -> None:
         batch = 0 if self.spark.committed is None else self.spark.committed + 1
@@ -354,6 +369,8 @@ class Simulation:
                 + p.orphan_end_timeout + 30_000)
 
     def _all_ended(self) -> bool:
+        if self.producers.later:
+            return False  # a send still due (a late copy, an end event) may start a life
         seen = self.observer.update()
         return all(seen.ended(txid) is not None
                    or unknowable(self.world, truth, seen, self.fresh_at)
