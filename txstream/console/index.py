@@ -26,6 +26,7 @@ from typing import Any
 
 from txstream.console.queries import Queries
 from txstream.console.record_entries import Entry
+from txstream.console.release_lookup import ReleaseLocation
 from txstream.console.transaction_rows import COLUMNS, TxRow, fold, keys_of
 from txstream.errors import ConfigError
 
@@ -59,8 +60,10 @@ CREATE TABLE IF NOT EXISTS events (
     fingerprint BLOB NOT NULL UNIQUE);
 CREATE INDEX IF NOT EXISTS events_transaction ON events (transaction_id, at_ms, seq);
 CREATE INDEX IF NOT EXISTS events_source ON events (source, at_ms);
+CREATE TABLE IF NOT EXISTS release_lookups (
+    transaction_id TEXT PRIMARY KEY, released_ms INTEGER NOT NULL, locations TEXT NOT NULL);
 """
-_TABLES = ("meta", "offsets", "transactions", "message_keys", "events")
+_TABLES = ("meta", "offsets", "transactions", "message_keys", "events", "release_lookups")
 
 _UPSERT_TX = (
     f"INSERT INTO transactions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
@@ -148,7 +151,7 @@ class Index(Queries):
         """Forget everything read (the topics were recreated, another broker): read again."""
         log.warning("index %s: %s; rebuilding it from the topics", self.path, reason)
         with self._write() as db:
-            for table in ("offsets", "transactions", "message_keys", "events"):
+            for table in _TABLES[1:]:
                 db.execute(f"DELETE FROM {table}")
 
     # --- feeding ---------------------------------------------------------------------------
@@ -214,6 +217,16 @@ class Index(Queries):
         db.executemany("INSERT OR IGNORE INTO message_keys (key, transaction_id) VALUES (?, ?)",
                        [(key, txid) for txid, row in rows.items()
                         if row.keys != keys_before.get(txid) for key in keys_of(row.keys)])
+
+    def store_releases(self, txid: str, released_ms: int,
+                       locations: Sequence[ReleaseLocation]) -> None:
+        """Keep where the release of ``txid`` noted at ``released_ms`` was found."""
+        text = json.dumps([list(location) for location in locations])
+        with self._write() as db:
+            db.execute("INSERT INTO release_lookups (transaction_id, released_ms, locations) "
+                       "VALUES (?, ?, ?) ON CONFLICT (transaction_id) DO UPDATE SET "
+                       "released_ms = excluded.released_ms, locations = excluded.locations",
+                       (txid, released_ms, text))
 
     def close(self) -> None:
         with self._lock:
