@@ -118,7 +118,7 @@ def describe_dead_letter(event: TimelineRow) -> str:
     h = event.detail.get("headers") or {}
     half = refused_half(event.detail)
     kind = h.get(H.COMMIT_OR_ROLLBACK) or ("half message" if half else "record")
-    by = f" of operator {h[H.OPERATOR]}" if h.get(H.OPERATOR) else ""
+    by = f"; the decision of operator {h[H.OPERATOR]}" if h.get(H.OPERATOR) else ""
     reason = f": {h[H.DLQ_REASON]}" if h.get(H.DLQ_REASON) else ""
     origin = h.get(H.DLQ_ORIGIN_TOPIC)
     where = ""
@@ -126,7 +126,7 @@ def describe_dead_letter(event: TimelineRow) -> str:
         spot = (f"[{h.get(H.DLQ_ORIGIN_PARTITION)}]@{h.get(H.DLQ_ORIGIN_OFFSET)}"
                 if h.get(H.DLQ_ORIGIN_OFFSET) not in (None, "-1") else "")
         where = f" (from {origin}{spot})"
-    return f"dead letter {event.origin}: {kind}{by} refused{reason}{where}"
+    return f"dead letter {event.origin}: {kind} refused{reason}{where}{by}"
 
 
 def describe_half_record(event: TimelineRow) -> str:

@@ -7,6 +7,11 @@ decision, ``POST /api/transactions/ID/resolve``, is taken only when the console 
 with an admin token and the request carries it (``Authorization: Bearer TOKEN``): else 403.
 The token travels in a header, never a cookie, so another site's page cannot make a browser
 send it.
+
+Every answer carries the security headers (:data:`SECURITY_HEADERS`: the pages have no inline
+script or style). Every error under ``/api/`` is JSON, ``{"status": code, "error": what}``;
+elsewhere a page in the console's layout. Parameters are checked
+(:mod:`txstream.console.web_params`).
 """
 
 from __future__ import annotations
@@ -134,9 +139,11 @@ def create_app(index: Index, *, status: Callable[[], FeederStatus] | None = None
     def feed_status() -> dict[str, Any]:
         s = status() if status else None
         now = _now_ms()
-        # Judged as of the last catch-up: a check due since then may have been sent unread.
-        seen_at = s.caught_up_ms if s and s.caught_up_ms else now
-        life = index.liveness(seen_at - overdue_grace_ms)
+        # Judged as of the last catch-up: a check due since then may have been sent unread;
+        # before the feed's first one, what the index holds may be old: nothing is judged.
+        seen_at = now if s is None else s.caught_up_ms
+        before = seen_at - overdue_grace_ms if seen_at is not None else 0
+        life = index.liveness(before)
         counts = index.counts()
         return {"index": index.path, "caught_up_ms": s.caught_up_ms if s else None,
                 "error": s.error if s else None, "records_read": s.records if s else 0,
@@ -146,12 +153,20 @@ def create_app(index: Index, *, status: Callable[[], FeederStatus] | None = None
                                 "overdue_checks": life.overdue,
                                 "oldest_overdue_due_ms": life.oldest_due_ms,
                                 "overdue_after_ms": overdue_grace_ms},
-                "overdue_before_ms": seen_at - overdue_grace_ms, "now_ms": now}
+                "overdue_before_ms": before, "now_ms": now}
+
+    def locate_now(topic: str, txid: str, released_ms: int) -> list[Any]:
+        s = status() if status else None
+        if s is not None and s.error:  # not another wait on an unreachable broker per page
+            raise TxStreamError(f"the feed cannot read Kafka: {s.error}")
+        assert locate is not None
+        return locate(topic, txid, released_ms)
 
     app.jinja_env.globals.update(feed_status=feed_status)
+    lookup = locate_now if locate is not None else None
     _add_guards(app)
-    _add_pages(app, index, locate)
-    _add_api(app, index, feed_status, locate)
+    _add_pages(app, index, lookup)
+    _add_api(app, index, feed_status, lookup)
     _add_resolve(app, index, resolver if admin else None, admin_token or "", default_operator)
     return app
 
