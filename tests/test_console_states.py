@@ -63,7 +63,9 @@ def stopped(kafka: KafkaSettings) -> Stopped:
 @pytest.fixture(scope="module")
 def console(stopped: Stopped) -> Iterator[ConsoleServer]:
     with ConsoleServer(":memory:", stopped.kafka, stopped.topics, port=0).start() as server:
-        wait_until(lambda: _get(f"{server.url}/api/transactions/{stopped.txid}")[0] == 200,
+        # Overdue checks are judged as of a completed catch-up, never before the first one.
+        wait_until(lambda: _get(f"{server.url}/api/transactions/{stopped.txid}")[0] == 200
+                   and json.loads(_get(f"{server.url}/api/status")[2])["caught_up_ms"],
                    timeout_s=60)
         yield server
 
