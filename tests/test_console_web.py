@@ -20,11 +20,13 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from txstream.console.server import ConsoleServer
+from txstream.console.web import SECURITY_HEADERS
 from txstream.kafka import KafkaSettings
 from txstream.streaming.cli.operator_decision import send_decision
+from txstream.wire import Record
 
 from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
-from kafka_helpers import discard_by_answers, wait_until
+from kafka_helpers import discard_by_answers, headers_of, produce, read_topic, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -285,3 +287,102 @@ def test_the_pages_in_a_headless_browser(
     shutil.copy(shot, SCREENSHOT)
     shutil.copy(tmp_path / "pending.png", SCREENSHOT.with_name("console-pending.png"))
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def _commit_as_carol(page: Any, url: str, txid: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/transactions/{txid}")
+    page.fill("#admin-token", TOKEN)
+    page.fill("#admin-operator", "carol")
+    page.fill("#admin-reason", "paid by phone")
+    page.click("#btn-commit")
+    expect(page.locator("#tx-status")).to_have_text("COMMITTED", timeout=90_000)
+
+
+def _check_the_timeline(page: Any, coord: Coordinator, txid: str, real: str, shot: Path
+                        ) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#tx-operator")).to_have_text("carol")
+    expect(page.locator("#timeline tr[data-kind=released]")).to_contain_text(
+        "admin decision by carol")
+    # The release's history note may be read a moment before its record is acknowledged (two
+    # tasks of one batch): the page looks it up again until it finds it.
+    def located() -> bool:
+        page.reload()
+        return "partition" in page.inner_text("#tx-release")
+
+    wait_until(located, timeout_s=30)
+    expect(page.locator("#tx-release")).to_contain_text(real)
+    properties = page.locator("#properties")
+    expect(properties).to_contain_text("color")
+    expect(properties).to_contain_text("eu-west")
+    # The timeline starts at the born time: no "+" before it, first check after it.
+    kinds = page.locator("#timeline tbody tr").evaluate_all("rs => rs.map(r => r.dataset.kind)")
+    assert kinds[0] == "born", kinds
+    offsets = page.locator("#timeline td.num").all_inner_texts()
+    assert offsets[0] == "+0ms" and all(o.startswith("+") and "-" not in o for o in offsets)
+    page.screenshot(path=str(shot), full_page=True)
+
+
+def _released_record(coord: Coordinator, location: dict[str, Any]) -> dict[str, str]:
+    [record] = [r for r in read_topic(coord.kafka, location["topic"])
+                if (r.partition, r.offset) == (location["partition"], location["offset"])]
+    return headers_of(record)
+
+
+def test_a_timeline_shows_where_it_was_released_its_properties_and_its_operator(
+    coord: Coordinator, admin: ConsoleServer, capsys: pytest.CaptureFixture[str], unique: str,
+    tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    real = f"{unique}-real"
+    txid = produce_unknown(coord, capsys, f"{unique}-g", real, "for carol", "--keys",
+                           f"{unique}-k", "--property", "color=blue", "--property",
+                           "region=eu-west")
+    _pending_with_a_check(admin, txid)
+    raw = f"{unique}-raw"  # a half message with no headers at all: dead-lettered
+    produce(coord.kafka, [Record(coord.topics.half, raw.encode(), b"no headers", ())])
+    shot = tmp_path / "released.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            answers: list[Any] = []
+            page.on("response", lambda r: answers.append(r))
+            blocked: list[str] = []
+            page.on("console", lambda m: blocked.append(m.text)
+                    if "Content Security Policy" in m.text else None)
+            _commit_as_carol(page, admin.url, txid)
+            _check_the_timeline(page, coord, txid, real, shot)
+
+            wait_until(lambda: (t := _tx(admin, raw)) and t["status"] == "REFUSED", 60)
+            page.goto(f"{admin.url}/transactions/{raw}")
+            expect(page.locator("#tx-status")).to_have_text("REFUSED")
+            expect(page.locator("#timeline tr[data-kind=dead_letter]")).to_contain_text(
+                "half message refused")
+            expect(page.locator("#timeline tr[data-kind=half_record]")).to_contain_text(
+                "no headers")
+            for path in ("/", "/?status=all", "/?status=REFUSED", "/refused",
+                         f"/search?q={unique}", f"/transactions/{raw}", f"/transactions/{txid}"):
+                page.goto(admin.url + path)
+                assert "None" not in page.inner_text("body"), path
+            expect(page.locator("#page-title")).to_have_count(0)  # a timeline, not a list
+            page.goto(admin.url + "/?status=all")
+            expect(page.locator("#page-title")).to_have_text("All transactions")
+            assert page.title().startswith("All transactions")
+        finally:
+            browser.close()
+    assert blocked == []
+    for answer in answers:
+        for name, value in SECURITY_HEADERS.items():
+            assert answer.headers.get(name.lower()) == value, (answer.url, name)
+    shutil.copy(shot, SCREENSHOT.with_name("console-released.png"))
+    _, body = _call(f"{admin.url}/api/transactions/{quote(txid)}")
+    [location] = body["release"]["locations"]
+    assert location["topic"] == real
+    assert _released_record(coord, location)["__transactionId__"] == txid
+    assert body["properties"] == {"color": "blue", "region": "eu-west"}
+    assert body["operators"] == ["carol"]

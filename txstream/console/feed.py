@@ -57,6 +57,7 @@ class IndexFeed:
                          topics.dead_letter: Source.DEAD_LETTER}
         if read_half:
             self._sources[topics.half] = Source.HALF
+        self._half_topic = topics.half
         self._timeout_s = read_timeout_s
         self._settings = settings
         self._probe = EndProbe(settings, role="console")
@@ -99,7 +100,7 @@ class IndexFeed:
         records = new = skipped = 0
         for rec in read_range(self._readers, topic, partition, start, end, self._timeout_s):
             records += 1
-            found = _decode(source, rec)
+            found = _decode(source, rec, self._half_topic)
             if found is None:
                 skipped += 1
             else:
@@ -121,14 +122,14 @@ class IndexFeed:
         self.close()
 
 
-def _decode(source: str, rec: Any) -> list[Entry] | None:
+def _decode(source: str, rec: Any, half_topic: str) -> list[Entry] | None:
     """The record's entries; None, with a log line, for a record that is bad input."""
     where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
     if isinstance(rec, Unreadable):
         log.warning("index: skipped %s: %s", where, rec.error)
         return None
     try:
-        return entries_of(source, rec)
+        return entries_of(source, rec, half_topic)
     except MalformedRecord as exc:
         log.warning("index: skipped %s: %s", where, exc.reason)
     except Exception as exc:  # a record nobody foresaw must not stop the feed either

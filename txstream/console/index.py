@@ -26,6 +26,7 @@ from typing import Any
 
 from txstream.console.queries import Queries
 from txstream.console.record_entries import Entry
+from txstream.console.release_lookup import ReleaseLocation
 from txstream.console.transaction_rows import COLUMNS, TxRow, fold, keys_of
 from txstream.errors import ConfigError
 
@@ -34,7 +35,9 @@ __all__ = ["Index", "SCHEMA_VERSION", "MEMORY"]
 log = logging.getLogger(__name__)
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 1
+# 2: a dead letter refused from the half topic makes its transaction REFUSED, and where
+# releases lie is kept; a file of version 1 is read again from the topics to fold them so.
+SCHEMA_VERSION = 2
 _IN_CHUNK = 500  # values per "IN (...)": far under SQLite's limit on bound parameters
 
 _SCHEMA = """
@@ -59,8 +62,10 @@ CREATE TABLE IF NOT EXISTS events (
     fingerprint BLOB NOT NULL UNIQUE);
 CREATE INDEX IF NOT EXISTS events_transaction ON events (transaction_id, at_ms, seq);
 CREATE INDEX IF NOT EXISTS events_source ON events (source, at_ms);
+CREATE TABLE IF NOT EXISTS release_lookups (
+    transaction_id TEXT PRIMARY KEY, released_ms INTEGER NOT NULL, locations TEXT NOT NULL);
 """
-_TABLES = ("meta", "offsets", "transactions", "message_keys", "events")
+_TABLES = ("meta", "offsets", "transactions", "message_keys", "events", "release_lookups")
 
 _UPSERT_TX = (
     f"INSERT INTO transactions ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
@@ -148,7 +153,7 @@ class Index(Queries):
         """Forget everything read (the topics were recreated, another broker): read again."""
         log.warning("index %s: %s; rebuilding it from the topics", self.path, reason)
         with self._write() as db:
-            for table in ("offsets", "transactions", "message_keys", "events"):
+            for table in _TABLES[1:]:
                 db.execute(f"DELETE FROM {table}")
 
     # --- feeding ---------------------------------------------------------------------------
@@ -214,6 +219,16 @@ class Index(Queries):
         db.executemany("INSERT OR IGNORE INTO message_keys (key, transaction_id) VALUES (?, ?)",
                        [(key, txid) for txid, row in rows.items()
                         if row.keys != keys_before.get(txid) for key in keys_of(row.keys)])
+
+    def store_releases(self, txid: str, released_ms: int,
+                       locations: Sequence[ReleaseLocation]) -> None:
+        """Keep where the release of ``txid`` noted at ``released_ms`` was found."""
+        text = json.dumps([list(location) for location in locations])
+        with self._write() as db:
+            db.execute("INSERT INTO release_lookups (transaction_id, released_ms, locations) "
+                       "VALUES (?, ?, ?) ON CONFLICT (transaction_id) DO UPDATE SET "
+                       "released_ms = excluded.released_ms, locations = excluded.locations",
+                       (txid, released_ms, text))
 
     def close(self) -> None:
         with self._lock:

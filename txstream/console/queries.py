@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from txstream.console.record_entries import Source
+from txstream.console.release_lookup import ReleaseLocation
 from txstream.console.transaction_rows import COLUMNS, IndexStatus, TxRow
 
-__all__ = ["TimelineRow", "TxQuery", "Queries", "SORTS", "REFUSED_SOURCES"]
+__all__ = ["TimelineRow", "TxQuery", "Queries", "Liveness", "SORTS", "REFUSED_SOURCES"]
 
 REFUSED_SOURCES = (Source.DISCARD, Source.DEAD_LETTER)
 _MAX_LIMIT = 1000
@@ -48,6 +49,16 @@ class TxQuery(NamedTuple):
 
 
 _ALL = TxQuery()
+
+
+class Liveness(NamedTuple):
+    """What the index tells of the coordinator's life: its newest history note (it writes
+    notes in the micro-batches where something happens), and the pending transactions whose
+    next check is overdue (a running coordinator sends each within a trigger or two)."""
+
+    last_note_ms: int | None
+    overdue: int  # checks due before the grace began
+    oldest_due_ms: int | None  # the earliest of them
 
 # Sort key -> (SQL expression, whether "descending" means ascending in SQL). Age descending
 # is the oldest first: the earliest born time.
@@ -177,6 +188,22 @@ class Queries:
         [(events,)] = self._all("SELECT COUNT(*) FROM events")
         out["events"] = int(events)
         return out
+
+    def liveness(self, overdue_before_ms: int) -> Liveness:
+        """The newest history note, and the pending checks due before ``overdue_before_ms``."""
+        [(last,)] = self._all("SELECT MAX(at_ms) FROM events WHERE source = ?",
+                              (Source.HISTORY,))
+        [(overdue, oldest)] = self._all(
+            "SELECT COUNT(*), MIN(next_check_ms) FROM transactions "
+            "WHERE status = ? AND next_check_ms < ?", (IndexStatus.PENDING, overdue_before_ms))
+        return Liveness(last, int(overdue), oldest)
+
+    def releases(self, txid: str, released_ms: int) -> list[ReleaseLocation] | None:
+        """Where the release of ``txid`` noted at ``released_ms`` was found; None if it was
+        not looked up yet (or was for an earlier release)."""
+        rows = self._all("SELECT locations FROM release_lookups WHERE transaction_id = ? AND "
+                         "released_ms = ?", (txid, released_ms))
+        return [ReleaseLocation(*values) for values in json.loads(rows[0][0])] if rows else None
 
     def groups(self) -> list[str]:
         """Every producer group the index knows, for a filter's choices."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from txstream.errors import MalformedRecord
 from txstream.outputs import decode_history
+from txstream.wire import H
 
 __all__ = ["Source", "Entry", "KIND_OF_SOURCE", "entries_of", "record_headers"]
 
@@ -110,10 +111,15 @@ def _history_entries(record: Any) -> list[Entry]:
     return [_note_entry(note, record) for note in notes]
 
 
-def _record_entry(source: str, record: Any) -> Entry:
+def _record_entry(source: str, record: Any, half_topic: str | None) -> Entry:
     headers = record_headers(record.headers)
-    detail = {"topic": record.topic, "partition": record.partition, "offset": record.offset,
-              "headers": headers}
+    detail: dict[str, Any] = {"topic": record.topic, "partition": record.partition,
+                              "offset": record.offset, "headers": headers}
+    if source == Source.DEAD_LETTER and half_topic and (
+            headers.get(H.DLQ_ORIGIN_TOPIC) == half_topic):
+        # Refused where it was read from the half topic: a half message, even one whose
+        # headers (TRAN_MSG among them) were missing, which may be why it was refused.
+        detail["half_message"] = True
     if record.value is not None and source != Source.HALF:
         detail["value_bytes"] = len(record.value)
     txid = _key_text(record.key)
@@ -125,10 +131,11 @@ def _record_entry(source: str, record: Any) -> Entry:
                  _origin(record), record.offset, fingerprint)
 
 
-def entries_of(source: str, record: Any) -> list[Entry]:
-    """The entries of one Kafka record of ``source``; raises MalformedRecord for bad input."""
+def entries_of(source: str, record: Any, half_topic: str | None = None) -> list[Entry]:
+    """The entries of one Kafka record of ``source``; raises MalformedRecord for bad input.
+    ``half_topic``: the coordinator's, which tells a dead-lettered half message by its origin."""
     if source == Source.HISTORY:
         return _history_entries(record)
     if source in KIND_OF_SOURCE:
-        return [_record_entry(source, record)]
+        return [_record_entry(source, record, half_topic)]
     raise ValueError(f"unknown source {source!r}")

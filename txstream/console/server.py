@@ -6,6 +6,7 @@ a trusted network, bound to loopback by default; each request is a few SQLite qu
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from txstream.console.feed import Feeder, IndexFeed
 from txstream.console.index import Index
+from txstream.console.release_lookup import find_releases
 from txstream.console.web import Resolver, create_app
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
@@ -55,7 +57,8 @@ class ConsoleServer:
         self.feeder = Feeder(lambda: IndexFeed(self.index, settings, topics), interval_s)
         self.app = create_app(self.index, status=lambda: self.feeder.status,
                               resolver=resolver, admin_token=admin_token,
-                              default_operator=operator)
+                              default_operator=operator,
+                              locate=functools.partial(find_releases, settings))
         try:
             self._http: Any = make_server(host, port, self.app, threaded=True)
         except OSError as exc:

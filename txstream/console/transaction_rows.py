@@ -16,7 +16,7 @@ from txstream.state.effects import NoteKind
 from txstream.state.transaction import Status
 from txstream.wire import H
 
-__all__ = ["IndexStatus", "TxRow", "COLUMNS", "fold", "keys_of"]
+__all__ = ["IndexStatus", "TxRow", "COLUMNS", "fold", "keys_of", "refused_half"]
 
 # The index stores a status as its word (a template shows it as it is).
 _PENDING, _EARLY_END = Status.PENDING.value, Status.EARLY_END.value
@@ -28,6 +28,7 @@ class IndexStatus:
     """A transaction's status in the index: the coordinator's (the core's :class:`Status`, as
     its word), or one of the index's own three."""
 
+    PENDING, EARLY_END = _PENDING, _EARLY_END
     EXPIRED = "EXPIRED"  # its end events waited for a half message that never came
     UNSEEN = "UNSEEN"  # on the half topic; the coordinator wrote nothing about it yet
     REFUSED = "REFUSED"  # its half message went to the dead-letter topic
@@ -156,10 +157,18 @@ def _fold_record(row: TxRow, entry: Entry) -> None:
             row.status, row.outcome, row.next_check_ms = _DISCARDED, NoteKind.DISCARDED.value, None
             row.reason = row.reason or _text(h.get(H.DISCARD_REASON))
         row.checks_answered = max(row.checks_answered, _int(h.get(H.CHECK_TIMES)) or 0)
-    elif entry.source == Source.DEAD_LETTER and h.get(H.TRAN_MSG, "").lower() == "true":
+    elif entry.source == Source.DEAD_LETTER and refused_half(entry.detail):
         _fill_message(row, h)  # a refused half message: nothing more will come of it
         if row.status in (None, IndexStatus.UNSEEN):
             row.status, row.reason = IndexStatus.REFUSED, _text(h.get(H.DLQ_REASON))
+
+
+def refused_half(detail: dict[str, Any]) -> bool:
+    """Whether a dead letter is a half message's: marked so, or refused from the half topic
+    (:func:`txstream.console.record_entries.entries_of`); entries indexed before the mark was
+    made are told by the header alone."""
+    h: dict[str, str] = detail.get("headers") or {}
+    return bool(detail.get("half_message")) or h.get(H.TRAN_MSG, "").lower() == "true"
 
 
 def fold(row: TxRow, entry: Entry) -> None:
