@@ -173,8 +173,8 @@ def high_watermarks(
     tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
     try:  # the probe drops its consumer after an error
         return _probe(options).ends(tps, hints, options.read_timeout_ms / 1000)
-    except ReadFailed as exc:
-        raise SourceReadError(str(exc)) from None
+    except ReadFailed as exc:  # the failure's one line names the broker (docs/operations.md)
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
 
 
 def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
@@ -186,7 +186,7 @@ def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
                               options.read_timeout_ms / 1000)
     except ReadFailed as exc:
         reader.drop()
-        raise SourceReadError(str(exc)) from None
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
     except Exception as exc:
         reader.drop()
         raise SourceReadError(
