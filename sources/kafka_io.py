@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "Unreadable",
     "consumer_for",
     "drop_consumer",
+    "metadata_calls",
     "group_slices",
     "high_watermarks",
     "read_slice",
@@ -160,6 +162,20 @@ def drop_consumer(options: SourceOptions, purpose: str) -> None:
         _probe(options).drop()
     else:
         _reader(options, purpose.removeprefix("read:")).drop()
+
+
+@contextmanager
+def metadata_calls(options: SourceOptions) -> Iterator[None]:
+    """A Kafka client error inside (a metadata request timed out) as a SourceReadError that
+    names the broker; the offsets consumer is dropped, so the next call starts afresh."""
+    from kafka.errors import KafkaError
+
+    try:
+        yield
+    except KafkaError as exc:
+        drop_consumer(options, "offsets")
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: the topics' metadata "
+                              f"did not come: {type(exc).__name__}: {exc}") from None
 
 
 def high_watermarks(
