@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "Unreadable",
     "consumer_for",
     "drop_consumer",
+    "metadata_calls",
     "group_slices",
     "high_watermarks",
     "read_slice",
@@ -165,6 +167,20 @@ def drop_consumer(options: SourceOptions, purpose: str) -> None:
         _reader(options, purpose.removeprefix("read:")).drop()
 
 
+@contextmanager
+def metadata_calls(options: SourceOptions) -> Iterator[None]:
+    """A Kafka client error inside (a metadata request timed out) as a SourceReadError that
+    names the broker; the offsets consumer is dropped, so the next call starts afresh."""
+    from kafka.errors import KafkaError
+
+    try:
+        yield
+    except KafkaError as exc:
+        drop_consumer(options, "offsets")
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: the topics' metadata "
+                              f"did not come: {type(exc).__name__}: {exc}") from None
+
+
 def high_watermarks(
     options: SourceOptions,
     partitions: Mapping[str, Sequence[int]],
@@ -176,8 +192,8 @@ def high_watermarks(
     tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
     try:  # the probe drops its consumer after an error
         return _probe(options).ends(tps, hints, options.read_timeout_ms / 1000)
-    except ReadFailed as exc:
-        raise SourceReadError(str(exc)) from None
+    except ReadFailed as exc:  # the failure's one line names the broker (docs/operations.md)
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
 
 
 def _gone(options: SourceOptions, part: TopicSlice, at: int) -> bool:
@@ -204,7 +220,7 @@ def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
     except ReadFailed as exc:
         reader.drop()
         if options.fail_on_data_loss or not _gone(options, part, at):
-            raise SourceReadError(str(exc)) from None
+            raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
         # A batch planned before its records were lost (a replay after the topic was created
         # again): the planner reads the partition again from its start (sources.data_loss).
         log.warning("%s/%d: records [%d, %d) are gone (fail_on_data_loss=false): skipped",

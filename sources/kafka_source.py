@@ -77,6 +77,7 @@ from txstream.sources.kafka_io import (
     drop_consumer,
     group_slices,
     high_watermarks,
+    metadata_calls,
     read_slice,
 )
 from txstream.sources.offsets import Offsets, canonical, records_of, spread_budget
@@ -166,7 +167,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _high_watermarks(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
         started = self._clock()
-        parts = self._topic_partitions()
+        with metadata_calls(self.options):
+            parts = self._topic_partitions()
         hints = {
             (t, p): max(int(start.get(t, {}).get(str(p), 0)), self._known_end.get((t, p), 0))
             for t, ps in parts.items() for p in ps

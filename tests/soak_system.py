@@ -10,9 +10,10 @@ system's pace):
   while a batch is in flight, then a restart on the same checkpoint;
 * ``producer_kill``: SIGKILL of a producer inside its local transaction, between the half
   message and the end event (with or without its decision recorded), then a restart;
-* ``broker_pause``: SIGSTOP of the broker for 2-8 s, then SIGCONT. The coordinator gives up
-  on a partition after 30 s without progress (its source's ``read_timeout_ms``, the body
-  read-back and the replay check) and on a flush after 120 s: a pause stays well under.
+* ``broker_pause``: SIGSTOP of the broker for 2-8 s, then SIGCONT. The query gives up on a
+  partition after 30 s without progress (its source's ``read_timeout_ms``, the body read-back
+  and the replay check) and on a flush after 120 s, and ``txstream run`` then restarts it
+  (docs/decisions/0027-broker-outage.md): a pause stays well under either.
 """
 
 from __future__ import annotations

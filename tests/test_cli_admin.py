@@ -148,14 +148,36 @@ def test_resolve_rollback_is_recorded_as_the_operators_decision(
     wait_until(lambda: txid not in _pending(coord, capsys), timeout_s=30)
     assert read_topic(coord.kafka, real) == []
 
-    # A contradicting decision afterwards is refused by the coordinator, and said so.
+    # A contradicting decision afterwards is refused, as the console refuses it: nothing
+    # written. With --force it is written, and the coordinator refuses it and says so.
+    ends = len(read_topic(coord.kafka, coord.topics.end))
+    rc, out, err = _cli(capsys, "resolve", txid, "--commit", *coord.args, "--operator", "bob")
+    assert rc == 1 and "refused" in err and "already rolled_back" in err, err
+    assert len(read_topic(coord.kafka, coord.topics.end)) == ends
     rc, out, err = _cli(capsys, "resolve", txid, "--commit", *coord.args, "--operator", "bob",
-                        "--wait", "60")
+                        "--wait", "60", "--force")
     assert rc == 1
     assert "already rolled_back" in err
     assert "coordinator: rejected" in out
     rc, out, _ = _cli(capsys, "history", txid, *coord.args)
     assert "dead letter" in out and "COMMIT_MESSAGE refused" in out
+
+
+def test_resolve_refuses_an_id_with_no_history_unless_forced(
+    coord: Running, capsys: pytest.CaptureFixture[str], unique: str
+) -> None:
+    txid = f"{unique}-never-sent"
+    ends = len(read_topic(coord.kafka, coord.topics.end))
+    rc, out, err = _cli(capsys, "resolve", txid, "--commit", *coord.args, "--operator", "dave")
+    assert rc == 1 and out == "", out
+    assert f"txstream: refused: no history for {txid}" in err and "--force" in err, err
+    assert len(read_topic(coord.kafka, coord.topics.end)) == ends  # nothing written
+    rc, out, err = _cli(capsys, "resolve", txid, "--commit", *coord.args, "--operator", "dave",
+                        "--force")
+    assert rc == 0, err
+    assert f"COMMIT_MESSAGE for {txid} by dave written to {coord.topics.end}" in out
+    assert "warning: no history" in err
+    assert len(read_topic(coord.kafka, coord.topics.end)) == ends + 1
 
 
 def test_resolve_commit_releases_the_message_and_names_the_user(

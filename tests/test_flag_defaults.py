@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGURATION = REPO / "docs" / "configuration.md"
 PAGES = [REPO / "README.md", REPO / "PERFORMANCE.md", *sorted((REPO / "docs").rglob("*.md"))]
 DURATIONS = {name for name, kind, _ in _POLICY_FLAGS if kind == "duration"} | {
-    "trigger", "key-window", "health-lag-growing", "health-timer-overdue"}
+    "trigger", "key-window", "health-lag-growing", "health-timer-overdue",
+    "broker-outage-limit"}
 
 
 def _same(flag: str, written: str) -> bool:

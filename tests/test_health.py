@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from txstream.errors import BrokerUnavailable
 from txstream.kafka import KafkaSettings
 from txstream.kafka.reading import partition_ends
 from txstream.streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
@@ -21,6 +22,7 @@ from txstream.timer_schedule import Schedule
 from txstream.topics import Topics
 
 from kafka_helpers import half_record, produce, wait_until
+from ports import reserve_port
 
 
 def _watch(kafka: KafkaSettings, topics: Topics, board: MetricsBoard) -> LagWatch:
@@ -107,6 +109,25 @@ def test_an_idle_coordinator_is_healthy_and_an_overdue_timer_is_not(tmp_path: Pa
     failed = HealthCheck(lambda: "query failed: boom", board)
     assert failed.check() == (False, {"batches": 0, "status": "unhealthy",
                                       "reasons": ["query failed: boom"]})
+
+
+def test_a_broker_that_does_not_answer_is_unhealthy_with_the_lag_unknown() -> None:
+    closed = f"127.0.0.1:{reserve_port()}"  # nothing listens there
+    board = MetricsBoard()
+    board.seed(3, (), {("half", 0): 5})
+    watch = LagWatch(KafkaSettings(bootstrap_servers=closed), ["half", "end"], board)
+    check = HealthCheck(lambda: None, board, watch)
+    assert check.check()[1]["input_lag"] is None  # not sampled yet: unknown
+    with pytest.raises(BrokerUnavailable, match=f"cannot reach Kafka at {closed}"):
+        watch.sample()
+    away = watch.unreachable()
+    assert away is not None and watch.lag() is None
+    healthy, body = check.check()
+    assert not healthy and body["input_lag"] is None, body
+    [reason] = body["reasons"]
+    assert re.fullmatch(rf"broker {re.escape(closed)} unreachable for \d+s \(.+\)", reason)
+    stopping = HealthCheck(lambda: None, board, watch, stopping=lambda: True)
+    assert stopping.check() == (False, {"status": "stopping", "reasons": ["stopping"]})
 
 
 _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"

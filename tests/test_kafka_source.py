@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.errors import RequestTimedOutError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import (
     StructType,
@@ -20,7 +21,7 @@ from txstream.schema import EventKind
 from txstream.sources.data_loss import TOPIC_IDS
 from txstream.sources.event_rows import event_struct, route
 from txstream.sources.events import Malformed, parse_event
-from txstream.sources.kafka_io import group_slices
+from txstream.sources.kafka_io import group_slices, metadata_calls
 from txstream.sources.kafka_source import (
     KafkaEventReader,
     KafkaEventSource,
@@ -464,3 +465,11 @@ def test_slices_are_grouped_into_as_many_tasks_as_asked_by_size() -> None:
     assert [g.slices for g in groups] == [(s[0], s[1]), (s[2], s[3])]
     assert group_slices(s[:1], 2) == [SliceGroup((s[0],))]
     assert len(group_slices(s, 8)) == 4 and group_slices([], 2) == []
+
+
+def test_a_kafka_error_while_planning_names_the_broker() -> None:
+    options = SourceOptions(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"))
+    with pytest.raises(SourceReadError, match=r"^broker 127\.0\.0\.1:1: the topics' metadata did "
+                                              r"not come: RequestTimedOutError: "), \
+            metadata_calls(options):
+        raise RequestTimedOutError("Request timed out after 29999 ms")

@@ -136,6 +136,9 @@ class _Lag:
     def lag(self) -> dict[tuple[str, int], int]:
         return {("half", 0): 0}
 
+    def unreachable(self) -> tuple[float, str] | None:
+        return None
+
 
 def _documented() -> dict[str, tuple[str, tuple[str, ...]]]:
     """docs/operations.md's metric table: name -> (type, label names)."""
@@ -159,7 +162,7 @@ def _registered() -> dict[str, tuple[str, tuple[str, ...]]]:
     board = MetricsBoard()
     board.seed(0, [run_key(Bucket.decode(None), 1, [half("a")], T0)])
     registry.register(BoardCollector(MetricsSources(board, _Lag(),  # type: ignore[arg-type]
-                                                    heap=lambda: (1, 2))))
+                                                    heap=lambda: (1, 2), restarts=lambda: 0)))
     out = {}
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")

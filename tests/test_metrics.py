@@ -140,13 +140,19 @@ def test_pending_gauges_after_a_restart_come_from_the_state(
                    timeout_s=120)
     finally:
         first.stop()
-    second = Coordinator(config).start()
+    lines: list[str] = []
+    second = Coordinator(config, emit=lines.append).start()
     server = serve_coordinator(second)
     try:
         m = scrape(server.url)
         assert value(m, "txstream_pending_transactions", status="PENDING",
                      producer_group=group) == 4
         assert value(m, "txstream_batch_duration_seconds_count") == 0  # none ran yet here
+        # The progress line counts those registered before the restart too: one more comes.
+        produce(kafka, [half_record(topics, f"{unique}-late", group, real)])
+        line = wait_until(lambda: next((x for x in lines if x.startswith("batch ")), None),
+                          timeout_s=120)
+        assert line.endswith("| pending 5"), line
     finally:
         server.close()
         second.stop()
@@ -167,7 +173,7 @@ def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
     board.add_progress(_Progress(0, 7, {OBSERVATION: Row(key_summaries=[summary])}, {}))
     server = serve_metrics(port, board)
     try:
-        assert server.port == port
+        assert server.port == port and server.host == "0.0.0.0"  # what is bound, said as is
         assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "txstream_rejected_total") == 7
         with pytest.raises(urllib.error.HTTPError) as no_health:
             urllib.request.urlopen(server.health_url, timeout=10)
@@ -178,4 +184,5 @@ def test_serve_metrics_binds_the_given_port_and_closes_it() -> None:
         pass
     # the same port can be served again at once (a restarted coordinator)
     again = serve_metrics(port, board, host="127.0.0.1")
+    assert again.host == "127.0.0.1"
     again.close()

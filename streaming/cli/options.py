@@ -79,6 +79,7 @@ def run_defaults() -> dict[str, str]:
     shown.update({name.replace("_", "-"): str(config[name]) for name in _PLAIN_FIELDS})
     shown["key-window"] = duration_text(config["key_window_ms"])
     shown["trigger"] = duration_text(config["trigger_ms"])
+    shown["broker-outage-limit"] = duration_text(config["broker_outage_limit_ms"])
     shown["metrics-host"] = config["metrics_host"]
     shown["log-format"] = _LOG_FORMAT
     health = HealthThresholds()
@@ -297,6 +298,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    default=env("health-timer-overdue") or _default("health-timer-overdue"),
                    help="/healthz says 503 once a timer is overdue by this much (default "
                         f"{_default('health-timer-overdue')})")
+    p.add_argument("--broker-outage-limit",
+                   default=env("broker-outage-limit") or _default("broker-outage-limit"),
+                   help="a query that fails while the broker is unreachable restarts from its "
+                        "checkpoint once the broker answers; the coordinator fails once the "
+                        f"outage is this long (default {_default('broker-outage-limit')})")
     p.add_argument("--no-history", action="store_true",
                    default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
                    help="do not write transitions to the history topic (a new checkpoint "
@@ -320,6 +326,13 @@ def _policy(args: argparse.Namespace) -> Policy:
         raise ConfigError(str(exc)) from None
 
 
+def _duration(flag: str, text: str) -> int:
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        raise ConfigError(f"--{flag}: {exc}") from None
+
+
 def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunConfig:
     """The RunConfig of the parsed flags; ``bootstrap_servers`` is already resolved."""
     changes: dict[str, Any] = {
@@ -327,6 +340,7 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
         "policy": _policy(args),
         "topics": Topics.with_prefix(args.topic_prefix),
         "trigger_ms": parse_duration_ms(args.trigger),
+        "broker_outage_limit_ms": _duration("broker-outage-limit", args.broker_outage_limit),
         "history": not args.no_history,
         "metrics_port": int(args.metrics_port) if args.metrics_port else None,
         "metrics_host": args.metrics_host,

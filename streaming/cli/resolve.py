@@ -4,7 +4,8 @@ It writes an end event with ``ADMIN_OPERATOR`` set through the end topic produce
 (:func:`~txstream.streaming.cli.operator_decision.send_decision`, as the console's resolve
 buttons do), so the coordinator applies it like any other end event and records it in the
 history as the operator's decision; with ``--wait`` it waits for that record in the console's
-index (:mod:`txstream.streaming.cli.transaction_trail`).
+index (:mod:`txstream.streaming.cli.transaction_trail`). Like the console, it refuses an id the
+history does not know, or one already ended, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def add_parser(sub: Any) -> None:
                         "operator's decision is accepted whatever the transaction's group)")
     r.add_argument("--operator", default=None, help="who decides (default: $USER)")
     r.add_argument("--reason", default=None, help="remark kept in the history")
+    r.add_argument("--force", action="store_true",
+                   help="write the decision even for a transaction with no history or one "
+                        "already ended (the console refuses both, with 409)")
     r.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for the coordinator to record the decision")
     add_index_argument(r, env("index"), "one in memory, for this call")
@@ -78,15 +82,19 @@ def _outcome(trail: Trail, who: str, since_ms: int) -> dict[str, Any] | None:
     return None
 
 
-def _warn_before(trail: Trail, txid: str, topics: Topics) -> None:
+def _refusal(trail: Trail, txid: str, topics: Topics) -> str | None:
+    """Why a decision for ``txid`` would not be taken, as the console refuses it: no history
+    (the coordinator never registered it) or already ended. None: it is pending."""
     final = [n for n in trail.notes if n.get("event") in _ENDED]
     if final:
-        print(f"warning: {txid} is already {final[-1]['event']} "
-              f"({format_ms(final[-1].get('at'))}); a contradicting decision goes to the "
-              "dead-letter topic", file=sys.stderr)
-    elif not trail:
-        print(f"warning: no history for {txid} on {topics.history} (wrong --topic-prefix, "
-              "or a coordinator with --no-history?)", file=sys.stderr)
+        return (f"{txid} is already {final[-1]['event']} ({format_ms(final[-1].get('at'))}); "
+                "a contradicting decision goes to the dead-letter topic")
+    if not trail:
+        return (f"no history for {txid} on {topics.history} (not registered yet, a wrong "
+                "--topic-prefix, or a coordinator with --no-history?): a decision for it "
+                "waits as an early end event and is dead-lettered if its half message "
+                "never comes")
+    return None
 
 
 def _await_verdict(feed: IndexFeed, txid: str, who: str, since_ms: int, wait_s: float
@@ -112,7 +120,13 @@ def resolve_command(args: argparse.Namespace) -> int:
     group = validate_group(args.group)
     with Index(args.index or MEMORY) as index, index_feed(index, settings, topics) as feed:
         feed.catch_up()
-        _warn_before(trail_of(index, txid), txid, topics)
+        refusal = _refusal(trail_of(index, txid), txid, topics)
+        if refusal is not None and not args.force:
+            print(f"txstream: refused: {refusal}. Nothing was written; --force writes it.",
+                  file=sys.stderr)
+            return 1
+        if refusal is not None:
+            print(f"warning: {refusal} (--force)", file=sys.stderr)
         written = send_decision(settings, topics, txid, args.decision, who, args.reason, group)
         print(f"{args.decision.value} for {txid} by {who} written to "
               f"{written.topic}[{written.partition}]@{written.offset} at "

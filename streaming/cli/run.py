@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -15,8 +16,14 @@ from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.logs import say
 from txstream.streaming.cli.options import add_run_arguments, config_from_args, set_log_level
 from txstream.streaming.cli.signals import interrupt_on_signals, stop_event_on_signals
-from txstream.streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
+from txstream.streaming.engine.config import (
+    DEFAULT_CHECKPOINT_ROOT,
+    HealthThresholds,
+    RunConfig,
+    parse_duration_ms,
+)
 from txstream.streaming.engine.coordinator import Coordinator
+from txstream.streaming.engine.outage import OutageRide, ride_out
 from txstream.streaming.engine.session import end_spark, on_jvm_signals, submitted
 
 __all__ = ["add_parser", "run_command"]
@@ -57,52 +64,62 @@ def _start(config: RunConfig, args: argparse.Namespace, stack: ExitStack) -> Coo
     _say(f"starting coordinator (checkpoint {config.checkpoint_dir})")
     stack.callback(coordinator.stop)
     coordinator.start()
-    if config.metrics_port:
-        _serve_metrics(config, coordinator, args, stack)
-    p = config.policy
-    _say(f"coordinator running: half topic {config.topics.half}, end topic "
-         f"{config.topics.end}; transaction timeout {p.transaction_timeout} ms, check "
-         f"interval {p.check_interval} ms, check max {p.check_max}. Ctrl-C stops it.")
     return coordinator
 
 
-def _serve_metrics(config: RunConfig, coordinator: Coordinator, args: argparse.Namespace,
-                   stack: ExitStack) -> None:
-    """``/metrics`` and ``/healthz`` on ``--metrics-port``, with the input lag watched."""
-    from txstream.streaming.engine.config import HealthThresholds
-    from txstream.streaming.engine.metrics import serve_coordinator
-
+def _thresholds(args: argparse.Namespace) -> HealthThresholds:
     try:
-        thresholds = HealthThresholds(
+        return HealthThresholds(
             lag_growing_s=parse_duration_ms(args.health_lag_growing) / 1000,
             timer_overdue_s=parse_duration_ms(args.health_timer_overdue) / 1000)
     except ValueError as exc:
         raise ConfigError(f"--health-lag-growing/--health-timer-overdue: {exc}") from None
-    server = serve_coordinator(coordinator, thresholds)
-    stack.callback(server.close)
-    _say(f"metrics on http://127.0.0.1:{server.port}/metrics, health on /healthz")
+
+
+def _watch(coordinator: Coordinator, args: argparse.Namespace, stop: threading.Event,
+           stack: ExitStack) -> OutageRide:
+    """The broker watched (the input lag with it), and ``/metrics`` and ``/healthz`` served
+    on ``--metrics-port``: 503 "stopping" once ``stop`` is set."""
+    from txstream.streaming.engine.health import query_problem
+    from txstream.streaming.engine.metrics import serve_coordinator, watch_lag
+
+    config, thresholds = coordinator.config, _thresholds(args)
+    watch = watch_lag(coordinator, thresholds)
+    stack.callback(watch.close)
+    ride = OutageRide(watch, config.broker_outage_limit_ms / 1000, emit=_say)
+    if config.metrics_port:
+        server = serve_coordinator(
+            coordinator, thresholds, lag=watch, stopping=stop.is_set,
+            problem=lambda: ride.waiting or query_problem(coordinator),
+            restarts=lambda: ride.restarts)
+        stack.callback(server.close)
+        _say(f"metrics on http://{server.host}:{server.port}/metrics, health on /healthz"
+             + (" (all interfaces)" if server.host in ("0.0.0.0", "::") else ""))
+    p = config.policy
+    _say(f"coordinator running: half topic {config.topics.half}, end topic "
+         f"{config.topics.end}; transaction timeout {p.transaction_timeout} ms, check "
+         f"interval {p.check_interval} ms, check max {p.check_max}. Ctrl-C stops it.")
+    return ride
 
 
 def run_command(args: argparse.Namespace) -> int:
     require_coordinator("txstream run")
     set_log_level(args.log_level, args.log_format)
+    _thresholds(args)  # a bad threshold is said before anything starts
     failure = None
+    stop = threading.Event()
     with ExitStack() as stack:
         with interrupt_on_signals():  # until the query runs, a signal simply unwinds
             config = _config(args, stack)
             coordinator = _start(config, args, stack)
-        stop = stop_event_on_signals()
+        stop_event_on_signals(stop)
         if submitted():  # spark-submit's JVM is the process a user or a scheduler holds
             on_jvm_signals(coordinator.spark, lambda name: stop.set())
-        try:
-            while coordinator.query.isActive and not stop.is_set():
-                coordinator.query.awaitTermination(1.0)
-        except Exception:  # awaitTermination raises the query's failure, said below in one line
-            pass
+        ride = _watch(coordinator, args, stop, stack)
+        failure = ride_out(coordinator, ride, stop)
         if stop.is_set():
             _say("stopping coordinator")
             return 0
-        failure = coordinator.failure()
     # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
     # py4j log its connection errors, and the verdict must be the last line a user reads.
     if failure:

@@ -36,10 +36,10 @@ def interrupt_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def stop_event_on_signals() -> threading.Event:
-    """An event that SIGINT and SIGTERM set, from now on (pyspark starts its JVM with SIGINT
-    ignored, so the JVM waits for the stop the event asks for)."""
-    stop = threading.Event()
+def stop_event_on_signals(stop: threading.Event | None = None) -> threading.Event:
+    """An event (``stop``, or a new one) that SIGINT and SIGTERM set, from now on (pyspark
+    starts its JVM with SIGINT ignored, so the JVM waits for the stop the event asks for)."""
+    stop = stop or threading.Event()
     for signum in _SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
     return stop

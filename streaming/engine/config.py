@@ -97,6 +97,10 @@ class RunConfig:
     spark_conf: tuple[tuple[str, str], ...] = ()
     log_level: str | None = None
     metrics_port: int | None = None
+    # A broker outage the coordinator rides out: a query failure the broker caused restarts
+    # the query once the broker answers, until the outage is this long
+    # (docs/decisions/0027-broker-outage.md).
+    broker_outage_limit_ms: int = 300_000
     metrics_host: str = "0.0.0.0"  # all interfaces: a scraper in another container must reach it
     query_name: str = "txstream-coordinator"
 

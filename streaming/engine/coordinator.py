@@ -4,18 +4,66 @@ together, and its failure said in one line."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
 from txstream.streaming.engine.config import RunConfig
 
-__all__ = ["Coordinator", "session_for", "half_retention_warning"]
+__all__ = ["Coordinator", "session_for", "half_retention_warning", "cause_line",
+           "quiet_failure_traces"]
 
 log = logging.getLogger(__name__)
 
 # Spark's exit code for a JVM that ran out of heap (org.apache.spark.util.SparkExitCode.OOM).
 _JVM_OUT_OF_MEMORY = 52
+
+
+# Spark's loggers that print a failing task's or query's whole trace (the Python traceback and
+# the JVM's stack, ~50 lines each, several times over). The failure is said in one line
+# (Coordinator.failure); its whole text is logged at DEBUG.
+_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.util.Utils",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+)
+_TRACEBACK = "Traceback (most recent call last):"
+# A Python exception's line: its (qualified) class, then its message.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(:\s.*)?$")
+
+
+def cause_line(text: str) -> str:
+    """The line of a query's failure that says why. Spark wraps a Python error (a source's,
+    a sink's) with the Python traceback in its text: the cause is that traceback's exception
+    line, as ``Class: message`` (the last traceback's: the one that ended it). Otherwise the
+    first line that names an error."""
+    lines = text.splitlines()
+    tracebacks = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    if tracebacks:
+        for line in lines[tracebacks[-1] + 1:]:
+            if line.strip() and not line[0].isspace():
+                match = _EXCEPTION_LINE.match(line.strip())
+                if match:
+                    return f"{match[1]}{match[2] or ''}"[:500]
+                break
+    for line in lines:
+        if "Error" in line or "Exception" in line:
+            return line.strip()[:500]
+    return lines[0][:500] if lines else "query failed"
+
+
+def quiet_failure_traces(spark: Any) -> None:
+    """Turn off Spark's loggers that print a failure's whole trace (see _FAILURE_LOGGERS)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        for name in _FAILURE_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception as exc:  # another logging backend: the traces stay, nothing else changes
+        log.debug("Spark's failure traces stay on: %s", exc)
 
 
 def session_for(config: RunConfig, app_name: str = "txstream") -> Any:
@@ -90,6 +138,8 @@ class Coordinator:
             if self.emit:
                 self.emit(f"warning: {warning}")
         self.spark = session_for(self.config)
+        if (self.config.log_level or "").upper() not in ("DEBUG", "TRACE", "ALL"):
+            quiet_failure_traces(self.spark)
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
         if self.config.metrics_port is not None or self.emit is not None:
             from txstream.streaming.engine.metric_totals import seed_from_state
@@ -106,6 +156,16 @@ class Coordinator:
         from txstream.streaming.engine.query import start_coordinator
 
         return start_coordinator(spark, self.config)
+
+    def restart_query(self) -> None:
+        """Start the query again from its checkpoint, after it failed (a broker outage,
+        streaming.engine.outage): the restart a new process would make, in this one."""
+        failed, self.query = self.query, None
+        try:
+            failed.stop()
+        except Exception:  # stopping a failed query raises its failure again
+            pass
+        self.query = self.start_query(self.spark)
 
     def stop(self) -> None:
         # Every call may find the JVM gone (it died of its heap): there is nothing left to stop.
@@ -128,13 +188,7 @@ class Coordinator:
         """The query's failure as one line, or None while it is healthy. A driver that ran
         out of heap says so, with the flag that fixes it: Spark's own last words then blame
         whatever its shutdown broke."""
-        if self.query is None:
-            return None
-        try:
-            exc = self.query.exception()
-            text = "" if exc is None else str(exc) or "query failed"
-        except Exception as gone:  # py4j: the JVM that ran the query has exited
-            text = f"the Spark JVM is gone ({type(gone).__name__})"
+        text = self.failure_detail()
         if not text:
             return None
         code = self._jvm_exit_code()
@@ -144,11 +198,18 @@ class Coordinator:
                     f"checkpoint keeps everything. A micro-batch that reads many big "
                     f"messages at once needs the most; --max-offsets-per-trigger bounds it "
                     f"(docs/configuration.md: sizing the driver's heap).")
-        for line in text.splitlines():
-            if "Error" in line or "Exception" in line:
-                return line.strip()[:500]
-        line = text.splitlines()[0][:500]
+        line = cause_line(text)
         return f"{line} (the Spark JVM exited with code {code})" if code is not None else line
+
+    def failure_detail(self) -> str | None:
+        """The query's failure, its whole text (traces and all); None while it is healthy."""
+        if self.query is None:
+            return None
+        try:
+            exc = self.query.exception()
+            return None if exc is None else str(exc) or "query failed"
+        except Exception as gone:  # py4j: the JVM that ran the query has exited
+            return f"the Spark JVM is gone ({type(gone).__name__})"
 
     def _jvm_exit_code(self, wait_s: float = 5.0) -> int | None:
         """The exit code of the JVM this process started for Spark, if it has exited or is

@@ -5,8 +5,14 @@ few seconds) less the offset the last completed micro-batch read up to (its prog
 offset, :class:`txstream.streaming.engine.metric_totals.MetricsBoard`). A stuck batch reports
 no progress, so the ends are read here, not taken from the query's progress.
 
-``/healthz`` says 503 with the reason when the query failed or stopped, when the input lag grew
-for longer than a threshold (or was not read at all while records waited), or when a timer is
+The same sampling watches the broker: a sample that gets no answer within
+``PROBE_TIMEOUT_S`` marks the broker unreachable (and the lag unknown, never the last figure
+shown again) until a sample succeeds. With the default interval the broker's loss shows within
+``interval_s + PROBE_TIMEOUT_S`` (13 s).
+
+``/healthz`` says 503 with the reason from the moment the coordinator is asked to stop, when
+the query failed or stopped, when the broker does not answer, when the input lag grew for
+longer than a threshold (or was not read at all while records waited), or when a timer is
 overdue by more than a threshold; otherwise 200. An idle coordinator with no timer due is
 healthy: it runs no batch because it has nothing to do.
 """
@@ -26,9 +32,13 @@ from txstream.streaming.engine.config import HealthThresholds
 from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
 
-__all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem"]
+__all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem", "PROBE_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
+
+# How long one sample waits for the broker before calling it unreachable. A healthy broker
+# answers a fetch at the partitions' ends in milliseconds; 8 s leaves a loaded one room.
+PROBE_TIMEOUT_S = 8.0
 
 
 class LagWatch:
@@ -40,6 +50,10 @@ class LagWatch:
         self._interval_s, self._window_s = interval_s, window_s
         self._lock = threading.Lock()
         self._lag: dict[Position, int] | None = None
+        # Since when (monotonic) the broker has not answered, and why; None: it answers.
+        self._unreachable: tuple[float, str] | None = None
+        self._last_unreachable_at: float | None = None
+        self._sampling_since: float | None = None  # a sample in progress, since (monotonic)
         # (monotonic time, total lag, total offsets read) per sample, the last window's worth.
         self._samples: deque[tuple[float, int, int]] = deque()
         self._stop = threading.Event()
@@ -56,14 +70,53 @@ class LagWatch:
             self._thread.join(timeout=10)
 
     def lag(self) -> dict[Position, int] | None:
-        """Records behind each partition's end at the last sample; None: not known yet."""
+        """Records behind each partition's end at the last sample; None: not known (yet, or
+        no more: the broker does not answer)."""
         with self._lock:
-            return None if self._lag is None else dict(self._lag)
+            if self._lag is None or self._unanswered(time.monotonic()) is not None:
+                return None
+            return dict(self._lag)
+
+    def unreachable(self) -> tuple[float, str] | None:
+        """(seconds, why) the broker has not answered for; None while it answers. A sample
+        still waiting after ``PROBE_TIMEOUT_S`` counts: a client may wait far longer."""
+        now = time.monotonic()
+        with self._lock:
+            if self._unreachable is not None:
+                since, why = self._unreachable
+                return now - since, why
+            return self._unanswered(now)
+
+    def unreachable_since(self, since: float) -> bool:
+        """Whether the broker was found unreachable at or after ``since`` (monotonic)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._last_unreachable_at
+            return (seen is not None and seen >= since) or self._unanswered(now) is not None
+
+    def _unanswered(self, now: float) -> tuple[float, str] | None:
+        started = self._sampling_since
+        if started is None or now - started <= PROBE_TIMEOUT_S:
+            return None
+        return now - started, f"no answer within {PROBE_TIMEOUT_S:g} s"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._kafka.bootstrap_servers
 
     def sample(self) -> None:
-        """Read the partitions' ends once and record the lag against the board's offsets."""
+        """Read the partitions' ends once and record the lag against the board's offsets; a
+        broker that does not answer is recorded as such, with the lag unknown."""
         consumed = self._board.view().consumed
-        ends = self._ends(consumed or {})
+        with self._lock:
+            self._sampling_since = time.monotonic()
+        try:
+            ends = self._ends(consumed or {})
+        except Exception as exc:
+            self._lost(exc)
+            raise
+        with self._lock:
+            self._unreachable = self._sampling_since = None
         if consumed is None:
             return  # what was read is not known yet (the state could not be read)
         lag = {pos: max(0, end - consumed.get(pos, 0)) for pos, end in ends.items()}
@@ -74,6 +127,17 @@ class LagWatch:
             # Keep one sample at or before the window's start, so the window is covered.
             while len(self._samples) > 1 and self._samples[1][0] <= now - self._window_s:
                 self._samples.popleft()
+
+    def _lost(self, exc: Exception) -> None:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        now = time.monotonic()
+        with self._lock:
+            started, self._sampling_since = self._sampling_since or now, None
+            self._lag = None  # unknown: the last figure is no longer true
+            self._samples.clear()
+            since = self._unreachable[0] if self._unreachable is not None else started
+            self._unreachable = (since, why)
+            self._last_unreachable_at = now
 
     def falling_behind(self, window_s: float) -> str | None:
         """Why the input is not being kept up with over the last ``window_s``, or None."""
@@ -102,14 +166,17 @@ class LagWatch:
     def _ends(self, starts: dict[Position, int]) -> dict[Position, int]:
         # A position is never below 0 (one read from a damaged checkpoint would be).
         begin = {pos: max(0, offset) for pos, offset in starts.items()}
-        with EndProbe(self._kafka) as probe:
-            return probe.topic_ends(self._topics, begin, timeout_s=self._interval_s * 2)
+        # Fail within about PROBE_TIMEOUT_S (a new client waits 30 s for a broker by default).
+        wait_ms = int(PROBE_TIMEOUT_S * 1000)
+        with EndProbe(self._kafka, bootstrap_timeout_ms=wait_ms,
+                      request_timeout_ms=wait_ms + 1000) as probe:
+            return probe.topic_ends(self._topics, begin, timeout_s=PROBE_TIMEOUT_S)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.sample()
-            except Exception as exc:  # a broker away for a while: the lag stays as it was
+            except Exception as exc:  # a broker away: said by unreachable() and /healthz
                 log.debug("input lag not sampled: %s", exc)
             self._stop.wait(self._interval_s)
 
@@ -129,32 +196,45 @@ def query_problem(coordinator: Any) -> str | None:
 
 
 class HealthCheck:
-    """The verdict of ``/healthz``: (healthy, a small JSON-able body)."""
+    """The verdict of ``/healthz``: (healthy, a small JSON-able body). ``stopping`` says
+    whether the coordinator was asked to stop: from then on the verdict is 503 "stopping"."""
 
     def __init__(self, problem: Callable[[], str | None], board: MetricsBoard,
                  lag: LagWatch | None = None, schedule: Path | None = None,
-                 thresholds: HealthThresholds | None = None) -> None:
+                 thresholds: HealthThresholds | None = None,
+                 stopping: Callable[[], bool] | None = None) -> None:
         self._problem, self._board, self._lag = problem, board, lag
         self._schedule = schedule
+        self._stopping = stopping or (lambda: False)
         self.thresholds = thresholds or HealthThresholds()
 
     def check(self) -> tuple[bool, dict[str, Any]]:
+        if self._stopping():
+            return False, {"status": "stopping", "reasons": ["stopping"]}
         view = self._board.view()
         body: dict[str, Any] = {"batches": view.batches}
         if view.last_batch_at is not None:
             body["last_batch_age_s"] = round(time.time() - view.last_batch_at, 3)
-        lag = self._lag.lag() if self._lag is not None else None
-        if lag is not None:
-            body["input_lag"] = sum(lag.values())
+        if self._lag is not None:
+            lag = self._lag.lag()
+            body["input_lag"] = None if lag is None else sum(lag.values())  # None: unknown
         overdue = self._overdue_s()
         if overdue is not None:
             body["timer_overdue_s"] = round(overdue, 3)
-        reasons = [r for r in (self._problem(), self._lag_reason(), self._timer_reason(overdue))
-                   if r]
+        reasons = [r for r in (self._problem(), self._broker_reason(), self._lag_reason(),
+                               self._timer_reason(overdue)) if r]
         body["status"] = "unhealthy" if reasons else "ok"
         if reasons:
             body["reasons"] = reasons
         return not reasons, body
+
+    def _broker_reason(self) -> str | None:
+        watch = self._lag
+        away = watch.unreachable() if watch is not None else None
+        if watch is None or away is None:
+            return None
+        seconds, why = away
+        return f"broker {watch.bootstrap_servers} unreachable for {seconds:.0f}s ({why})"
 
     def _lag_reason(self) -> str | None:
         if self._lag is None:

@@ -40,7 +40,7 @@ from txstream.streaming.engine.health import (
 from txstream.streaming.engine.key_metrics import BUCKETS_MS, Counted, Timed
 from txstream.streaming.engine.metric_totals import BATCH_DURATION, BoardView, MetricsBoard
 
-__all__ = ["serve_metrics", "serve_coordinator", "MetricsServer", "BoardCollector",
+__all__ = ["serve_metrics", "serve_coordinator", "watch_lag", "MetricsServer", "BoardCollector",
            "MetricsSources", "DRIVER_HELP", "HISTOGRAM_HELP", "driver_heap"]
 
 # The driver's own counters (the keys' are Counted's). Prometheus appends _total.
@@ -70,6 +70,7 @@ class MetricsSources:
     lag: LagWatch | None = None
     heap: Callable[[], tuple[int, int]] | None = None
     health: HealthCheck | None = None
+    restarts: Callable[[], int] | None = None  # the query's restarts after a broker outage
 
 
 class BoardCollector(Collector):
@@ -86,6 +87,7 @@ class BoardCollector(Collector):
         yield from self._histograms(view)
         yield from self._open(view)
         yield from self._lag()
+        yield from self._broker()
         yield from self._heap()
 
     def _counters(self, view: BoardView | None) -> Iterable[Metric]:
@@ -139,6 +141,20 @@ class BoardCollector(Collector):
             family.add_metric([topic, str(partition)], float(n))
         yield family
 
+    def _broker(self) -> Iterable[Metric]:
+        if self.sources.restarts is not None:
+            yield CounterMetricFamily(
+                "txstream_query_restarts", "restarts of the query from its checkpoint after a "
+                "failure the broker caused (--broker-outage-limit)",
+                value=float(self.sources.restarts()))
+        watch = self.sources.lag
+        if watch is None:
+            return
+        away = watch.unreachable()
+        yield GaugeMetricFamily("txstream_broker_unreachable_seconds",
+                                "how long the broker has not answered the driver (0: it answers)",
+                                value=0.0 if away is None else round(away[0], 3))
+
     def _heap(self) -> Iterable[Metric]:
         if self.sources.heap is None:
             return
@@ -190,6 +206,11 @@ class MetricsServer:
         return int(self._httpd.server_port)
 
     @property
+    def host(self) -> str:
+        """The address bound (0.0.0.0: every interface)."""
+        return str(self._httpd.server_address[0])
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
 
@@ -223,26 +244,41 @@ def serve_metrics(port: int, sources: MetricsSources | MetricsBoard,
     return MetricsServer(httpd, thread)
 
 
+def watch_lag(coordinator: Any, thresholds: HealthThresholds | None = None) -> LagWatch:
+    """A started :class:`LagWatch` of ``coordinator``'s input topics (and so of its broker)."""
+    config = coordinator.config
+    window_s = (thresholds or HealthThresholds()).lag_growing_s
+    return LagWatch(config.kafka, [config.topics.half, config.topics.end],
+                    coordinator.listener.board, window_s=window_s).start()
+
+
 def serve_coordinator(coordinator: Any, thresholds: HealthThresholds | None = None,
-                      port: int | None = None, host: str | None = None) -> MetricsServer:
+                      port: int | None = None, host: str | None = None, *,
+                      lag: LagWatch | None = None,
+                      problem: Callable[[], str | None] | None = None,
+                      stopping: Callable[[], bool] | None = None,
+                      restarts: Callable[[], int] | None = None) -> MetricsServer:
     """``/metrics`` and ``/healthz`` of a started :class:`~streaming.engine.coordinator.
-    Coordinator`, its input lag watched; ``port``/``host`` default to its config's. Closing
-    the server stops the lag watch too."""
+    Coordinator`, its input lag watched (by ``lag``, else a watch of the server's own, stopped
+    when it closes); ``port``/``host`` default to its config's. ``problem`` (default: the
+    query's), ``stopping`` and ``restarts`` feed the health check and the metrics."""
     from txstream.streaming.engine.timers import schedule_file
 
     config = coordinator.config
     thresholds = thresholds or HealthThresholds()
     board = coordinator.listener.board
-    lag = LagWatch(config.kafka, [config.topics.half, config.topics.end], board,
-                   window_s=thresholds.lag_growing_s).start()
-    health = HealthCheck(lambda: query_problem(coordinator), board, lag,
-                         schedule_file(str(config.checkpoint_dir)), thresholds)
-    sources = MetricsSources(board, lag, driver_heap(coordinator.spark), health)
+    own = lag is None
+    watch = watch_lag(coordinator, thresholds) if lag is None else lag
+    health = HealthCheck(problem or (lambda: query_problem(coordinator)), board, watch,
+                         schedule_file(str(config.checkpoint_dir)), thresholds, stopping)
+    sources = MetricsSources(board, watch, driver_heap(coordinator.spark), health, restarts)
     try:
         server = serve_metrics(config.metrics_port if port is None else port, sources,
                                config.metrics_host if host is None else host)
     except BaseException:
-        lag.close()
+        if own:
+            watch.close()
         raise
-    server.on_close(lag.close)
+    if own:
+        server.on_close(watch.close)
     return server
