@@ -103,7 +103,9 @@ def test_consume_from_last_shows_only_what_is_released_after_it_started(
                                            msg_id="T0", producer_group="g"))])
     (before,) = read_topic(kafka, real)
     rc = main(["consume", *_kafka_args(kafka, topics), "--topic", real, "--group", group,
-               "--from", "last", "--count", "1", "--timeout", "8"])
+               # Long enough for the group join under a loaded CI (tansu: half the session
+               # timeout), which must come before its start is committed.
+               "--from", "last", "--count", "1", "--timeout", "15"])
     captured = capsys.readouterr()
     assert rc == 1 and captured.out == ""
     assert "received 0 message(s)" in captured.err

@@ -14,9 +14,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from txstream.streaming.engine.health import LagWatch
+if TYPE_CHECKING:  # the CLI imports this module without the coordinator's packages installed
+    from txstream.streaming.engine.health import LagWatch
 
 __all__ = ["OutageRide", "ride_out"]
 
