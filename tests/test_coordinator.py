@@ -252,7 +252,12 @@ def test_an_idle_coordinator_runs_a_batch_only_when_a_timer_is_due_also_after_a_
     # The timer armed before the stop fires after the restart: the schedule is in the checkpoint.
     query = start_coordinator(spark, cfg)
     wait_for(kafka, topics.check(group), 3, timeout_s=60)
-    asked = [n["at"] for n in history_of(kafka, topics, "x") if n["event"] == "check_sent"]
+
+    def checks_noted() -> list[int] | None:  # the notes' topic may be read a moment later
+        at = [n["at"] for n in history_of(kafka, topics, "x") if n["event"] == "check_sent"]
+        return at if len(at) >= 3 else None
+
+    asked = wait_until(checks_noted, timeout_s=30)
     # While idle, each check comes on time (Spark's batches would otherwise run back to back);
     # unanswered, the third comes two intervals after the second (state.timing.check_spacing).
     assert 0 <= asked[2] - (asked[1] + 2 * POLICY.check_interval) < 1000, asked
