@@ -124,6 +124,20 @@ def end_record(
     return encode_end(EndEvent(txid, group, decision, **fields), topics)
 
 
+def mixed_transactions(topics: Topics, tag: str, real: str, n: int
+                       ) -> tuple[list[Record], set[str]]:
+    """n transactions, every third rolled back; returns the records and the committed ids."""
+    records, commits = [], set()
+    for i in range(n):
+        txid = f"{tag}-{i}"
+        decision = Decision.ROLLBACK_MESSAGE if i % 3 == 2 else Decision.COMMIT_MESSAGE
+        records += [half_record(topics, txid, "g", real, txid.encode()),
+                    end_record(topics, txid, "g", decision)]
+        if decision is Decision.COMMIT_MESSAGE:
+            commits.add(txid)
+    return records, commits
+
+
 def history_of(settings: KafkaSettings, topics: Topics, txid: str) -> list[dict[str, Any]]:
     """The history notes the coordinator wrote for one transaction, oldest first."""
     return [

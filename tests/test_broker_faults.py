@@ -17,17 +17,20 @@ import pytest
 
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
-from txstream.message import Decision
 from txstream.state.policy import Policy
 from txstream.streaming.engine.config import RunConfig
 from txstream.streaming.engine.coordinator import Coordinator
 from txstream.topics import Topics
 
-from kafka_helpers import end_record, half_record, headers_of, produce, read_topic, wait_until
+from kafka_helpers import (
+    headers_of,
+    mixed_transactions,
+    produce,
+    read_topic,
+    wait_until,
+)
 from ports import reserve_port
 from process_helpers import CoordinatorProcess, S3Server
-
-COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
 
 
 def test_unreachable_broker_at_start_fails_in_one_line_after_retrying(
@@ -49,19 +52,6 @@ def test_unreachable_broker_at_start_fails_in_one_line_after_retrying(
     assert "Traceback" not in output
     assert took >= 3, "it kept trying for the whole --broker-timeout"
     assert not (tmp_path / "cp").exists() or not any((tmp_path / "cp").iterdir())
-
-
-def _transactions(topics: Topics, tag: str, real: str, n: int) -> tuple[list[Any], set[str]]:
-    """n transactions, every third rolled back; returns the records and the committed ids."""
-    records, commits = [], set()
-    for i in range(n):
-        txid = f"{tag}-{i}"
-        decision = ROLLBACK if i % 3 == 2 else COMMIT
-        records += [half_record(topics, txid, "g", real, txid.encode()),
-                    end_record(topics, txid, "g", decision)]
-        if decision is COMMIT:
-            commits.add(txid)
-    return records, commits
 
 
 def _produce_through_restart(kafka: KafkaSettings, records: list[Any]) -> None:
@@ -93,7 +83,7 @@ def test_broker_restart_under_a_running_coordinator_loses_nothing(
                            policy=Policy(transaction_timeout=2000, check_interval=2000),
                            query_name=f"restart-{uuid.uuid4().hex[:6]}")
         coordinators.append(Coordinator(config).start())
-        before, commits = _transactions(topics, "before", real, 30)
+        before, commits = mixed_transactions(topics, "before", real, 30)
         produce(kafka, before)
 
         def visible() -> list[str]:
@@ -104,7 +94,7 @@ def test_broker_restart_under_a_running_coordinator_loses_nothing(
         broker.stop()  # while the query runs: its source and sink lose the broker
         time.sleep(2)
         broker.start()
-        after, more = _transactions(topics, "after", real, 30)
+        after, more = mixed_transactions(topics, "after", real, 30)
         _produce_through_restart(kafka, after)
         commits |= more
 

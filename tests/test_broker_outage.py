@@ -19,14 +19,18 @@ from typing import Any
 
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
-from txstream.message import Decision
 from txstream.topics import Topics
 
-from kafka_helpers import end_record, half_record, headers_of, produce, read_topic, wait_until
+from kafka_helpers import (
+    headers_of,
+    mixed_transactions,
+    produce,
+    read_topic,
+    wait_until,
+)
 from ports import reserve_port
 from process_helpers import CoordinatorProcess, pause
 
-COMMIT, ROLLBACK = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE
 Probe = tuple[float, int | None, dict[str, Any]]  # (monotonic time, status or None, body)
 
 
@@ -48,18 +52,6 @@ def _watch_health(port: int, seconds: float, interval_s: float = 0.25) -> list[P
         probes.append((time.monotonic(), status, body))
         time.sleep(interval_s)
     return probes
-
-
-def _transactions(topics: Topics, tag: str, real: str, n: int) -> tuple[list[Any], set[str]]:
-    records, commits = [], set()
-    for i in range(n):
-        txid = f"{tag}-{i}"
-        decision = ROLLBACK if i % 3 == 2 else COMMIT
-        records += [half_record(topics, txid, "g", real, txid.encode()),
-                    end_record(topics, txid, "g", decision)]
-        if decision is COMMIT:
-            commits.add(txid)
-    return records, commits
 
 
 def _coordinator(make: Callable[..., CoordinatorProcess], broker: EmbeddedBroker,
@@ -91,7 +83,7 @@ def test_a_20s_broker_pause_loses_nothing_and_health_says_so_then_sigterm_never_
     process, port = _coordinator(coordinator_processes, broker, tmp_path / "cp")
     assert f"metrics on http://127.0.0.1:{port}/metrics" in process.output()  # what is bound
     topics, real = Topics(), "outage-real"
-    before, commits = _transactions(topics, "before", real, 12)
+    before, commits = mixed_transactions(topics, "before", real, 12)
     produce(kafka, before)
 
     def visible() -> list[str]:
@@ -111,7 +103,7 @@ def test_a_20s_broker_pause_loses_nothing_and_health_says_so_then_sigterm_never_
                     if status == 200 and at - stopped_at > took]
     assert not healthy_late, healthy_late  # 503 from then on, while the broker is away
 
-    after, more = _transactions(topics, "after", real, 12)
+    after, more = mixed_transactions(topics, "after", real, 12)
     produce(kafka, after)
     commits |= more
     wait_until(lambda: commits <= set(visible()), timeout_s=240)
@@ -144,7 +136,7 @@ def test_an_outage_past_the_limit_fails_in_one_line_naming_the_broker(
     process, port = _coordinator(coordinator_processes, broker, tmp_path / "cp",
                                  "--broker-outage-limit", "20s")
     produce(KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
-            _transactions(Topics(), "t", "limit-real", 3)[0])
+            mixed_transactions(Topics(), "t", "limit-real", 3)[0])
     assert broker.pid is not None
     killed_at = time.monotonic()
     os.kill(broker.pid, signal.SIGKILL)
@@ -172,7 +164,7 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
     process, port = _coordinator(coordinator_processes, broker, tmp_path / "cp")
     topics, real = Topics(), "restart-real"
-    before, commits = _transactions(topics, "before", real, 12)
+    before, commits = mixed_transactions(topics, "before", real, 12)
     produce(kafka, before)
 
     def visible() -> list[str]:
@@ -186,7 +178,7 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
     paused.join()
     reasons = [r for _, status, body in during if status == 503 for r in body["reasons"]]
     assert any(r.startswith("query failed while the broker was away") for r in reasons), during
-    after, more = _transactions(topics, "after", real, 12)
+    after, more = mixed_transactions(topics, "after", real, 12)
     produce(kafka, after)
     commits |= more
     wait_until(lambda: commits <= set(visible()), timeout_s=240)
