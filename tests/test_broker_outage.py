@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,42 @@ def _coordinator(make: Callable[..., CoordinatorProcess], broker: EmbeddedBroker
     return process, port
 
 
+@dataclass
+class _Running:
+    """A coordinator on its own broker, and the commits it has released."""
+
+    broker: EmbeddedBroker
+    process: CoordinatorProcess
+    port: int
+    kafka: KafkaSettings
+    topics: Topics = field(default_factory=Topics)
+    real: str = "outage-real"
+    commits: set[str] = field(default_factory=set)
+
+    @classmethod
+    def released(cls, own_broker: Callable[..., EmbeddedBroker],
+                 make: Callable[..., CoordinatorProcess], checkpoint: Path) -> _Running:
+        """Started, with a first mix of transactions released."""
+        broker = own_broker()
+        broker.start()
+        process, port = _coordinator(make, broker, checkpoint)
+        run = cls(broker, process, port, KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
+        run.release_more("before")
+        assert broker.pid is not None
+        return run
+
+    def visible(self) -> list[str]:
+        return [headers_of(r)["UNIQ_KEY"]
+                for r in read_topic(self.kafka, self.real, timeout_s=5)]
+
+    def release_more(self, tag: str = "after") -> None:
+        """12 more transactions; waits until every commit so far is on the real topic."""
+        records, commits = mixed_transactions(self.topics, tag, self.real, 12)
+        produce(self.kafka, records)
+        self.commits |= commits
+        wait_until(lambda: self.commits <= set(self.visible()), timeout_s=240)
+
+
 def _first_unhealthy_after(probes: list[Probe], since: float, servers: str) -> float:
     for at, status, body in probes:
         if at >= since and status == 503:
@@ -77,20 +114,9 @@ def _first_unhealthy_after(probes: list[Probe], since: float, servers: str) -> f
 def test_a_20s_broker_pause_loses_nothing_and_health_says_so_then_sigterm_never_says_ok(
         tmp_path: Path, own_broker: Callable[..., EmbeddedBroker],
         coordinator_processes: Callable[..., CoordinatorProcess]) -> None:
-    broker = own_broker()
-    broker.start()
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
-    process, port = _coordinator(coordinator_processes, broker, tmp_path / "cp")
+    run = _Running.released(own_broker, coordinator_processes, tmp_path / "cp")
+    broker, process, port = run.broker, run.process, run.port
     assert f"metrics on http://127.0.0.1:{port}/metrics" in process.output()  # what is bound
-    topics, real = Topics(), "outage-real"
-    before, commits = mixed_transactions(topics, "before", real, 12)
-    produce(kafka, before)
-
-    def visible() -> list[str]:
-        return [headers_of(r)["UNIQ_KEY"] for r in read_topic(kafka, real, timeout_s=5)]
-
-    wait_until(lambda: commits <= set(visible()), timeout_s=180)
-    assert broker.pid is not None
     paused = threading.Thread(target=pause, args=(broker.pid, 20.0))
     stopped_at = time.monotonic()
     paused.start()
@@ -103,15 +129,12 @@ def test_a_20s_broker_pause_loses_nothing_and_health_says_so_then_sigterm_never_
                     if status == 200 and at - stopped_at > took]
     assert not healthy_late, healthy_late  # 503 from then on, while the broker is away
 
-    after, more = mixed_transactions(topics, "after", real, 12)
-    produce(kafka, after)
-    commits |= more
-    wait_until(lambda: commits <= set(visible()), timeout_s=240)
+    run.release_more()
     wait_until(lambda: _health(port)[0] == 200, timeout_s=60)
     assert process.running, process.output()
     time.sleep(3)  # a late duplicate would show now
-    raw = visible()
-    assert sorted(raw) == sorted(commits), "nothing lost, nothing twice, no rollback shows"
+    assert sorted(run.visible()) == sorted(run.commits), (
+        "nothing lost, nothing twice, no rollback shows")
     print(f"\nbroker paused 20 s: /healthz 503 after {took:.1f} s, 200 again "
           f"{time.monotonic() - resumed_at:.1f} s after resuming (or sooner)")
 
@@ -159,29 +182,15 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
         coordinator_processes: Callable[..., CoordinatorProcess]) -> None:
     """45 s: the source gives up after 30 s and the query fails; once the broker answers the
     query starts again from its checkpoint, within the default limit."""
-    broker = own_broker()
-    broker.start()
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
-    process, port = _coordinator(coordinator_processes, broker, tmp_path / "cp")
-    topics, real = Topics(), "restart-real"
-    before, commits = mixed_transactions(topics, "before", real, 12)
-    produce(kafka, before)
-
-    def visible() -> list[str]:
-        return [headers_of(r)["UNIQ_KEY"] for r in read_topic(kafka, real, timeout_s=5)]
-
-    wait_until(lambda: commits <= set(visible()), timeout_s=180)
-    assert broker.pid is not None
-    paused = threading.Thread(target=pause, args=(broker.pid, 45.0))
+    run = _Running.released(own_broker, coordinator_processes, tmp_path / "cp")
+    process, port = run.process, run.port
+    paused = threading.Thread(target=pause, args=(run.broker.pid, 45.0))
     paused.start()
     during = _watch_health(port, 44.0, interval_s=1.0)
     paused.join()
     reasons = [r for _, status, body in during if status == 503 for r in body["reasons"]]
     assert any(r.startswith("query failed while the broker was away") for r in reasons), during
-    after, more = mixed_transactions(topics, "after", real, 12)
-    produce(kafka, after)
-    commits |= more
-    wait_until(lambda: commits <= set(visible()), timeout_s=240)
+    run.release_more()
     wait_until(lambda: _health(port)[0] == 200, timeout_s=60)
     assert process.running, process.output()
     assert "answers again: the query restarted from its checkpoint (restart 1; it had failed" in (
@@ -189,4 +198,4 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         assert "txstream_query_restarts_total 1.0" in resp.read().decode()
     time.sleep(3)  # a late duplicate would show now
-    assert sorted(visible()) == sorted(commits), "nothing lost, nothing twice"
+    assert sorted(run.visible()) == sorted(run.commits), "nothing lost, nothing twice"
