@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES"]
 
 # What ``txstream bench`` can run, in the order it runs them.
-PHASES = ("pipe", "coordinator", "ceiling", "pending")
+PHASES = ("pipe", "coordinator", "ceiling", "floor", "pending")
 
 # The targets (PERFORMANCE.md): the coordinator against its own ceiling, as ratios that hold
 # on any machine; latencies on a quiet machine at half the sustained rate; memory per pending.
@@ -123,6 +123,25 @@ def _cpu(cpu: dict[str, dict[str, float | None] | None], spans: tuple[str, ...])
     return ", ".join(parts) or "-"
 
 
+def _fixed_cost_lines(cost: dict[str, Any] | None) -> list[str]:
+    """The fixed-cost split: Spark's floor, the ceiling and the coordinator at one rate."""
+    if not cost:
+        return []
+    lines = ["", f"fixed_cost at {_num(cost['offered_tx_per_s'])} tx/s (idle: "
+             f"{_num(cost['idle_cores'], '.2f')} cores)",
+             f"  {'query':<16} {'batch p50':>10} {'planning':>9} {'addBatch':>9} "
+             f"{'CPU/batch':>10} {'cores':>6}"]
+    for name in ("floor", "floor_python_io", "ceiling", "coordinator"):
+        q = cost.get(name)
+        if not q:
+            continue
+        parts = q["batch_parts_ms_p50"]
+        lines.append(f"  {name:<16} {_ms(q['batch_ms_p50']):>10} "
+                     f"{_ms(parts.get('queryPlanning')):>9} {_ms(parts.get('addBatch')):>9} "
+                     f"{_ms(q['cpu_ms_per_batch']):>10} {_num(q['cores'], '.2f'):>6}")
+    return lines
+
+
 def format_table(r: dict[str, Any]) -> str:
     lat, late, clate = r["commit_to_visible_ms"], r["check_lateness_ms"], r["coordinator_late_ms"]
     clat = r["ceiling_commit_to_visible_ms"]
@@ -176,6 +195,7 @@ def format_table(r: dict[str, Any]) -> str:
             f"{_num(p.get('live_heap_mb')):>6} MB {p['state_memory_mb']:>6,.0f} MB "
             f"{p['load_seconds']:>6.0f} s "
             f"{_num(p.get('steal_pct'), '.0f'):>4} %")
+    lines += _fixed_cost_lines(r.get("fixed_cost"))
     lines += ["", "targets"]
     for name, t in r["targets"].items():
         mark = ("" if "for information" in name

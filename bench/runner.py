@@ -18,6 +18,7 @@ from bench.ceiling import measure_ceiling
 from bench.coordinator_phases import measure_latency, measure_throughput
 from bench.cpu import CpuMeter, cpu_times, steal_pct
 from bench.fair import ORDER, WARM_UP_TRANSACTIONS, compare, throughput_run
+from bench.floor import batch_cost, measure_floor, rows_per_batch
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import PipeResult, run_raw_pipe
@@ -28,7 +29,10 @@ from txstream.kafka import KafkaSettings, partition_ends, wait_for_broker
 from txstream.streaming.engine.config import RunConfig
 from txstream.topics import Topics
 
-__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics"]
+__all__ = ["BenchOptions", "run_bench", "PHASES", "fresh_workload", "prepare_topics",
+           "fixed_cost", "FLOOR_RATE"]
+
+FLOOR_RATE = 50.0  # tx/s of the floor phase when no other phase offered a rate
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ def _empty() -> dict[str, Any]:
             "steal_pct": {}, "cpu": {}, "cpu_ratio": None,
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
-            "latency": None, "batch_ms_vs_pending": [],
+            "latency": None, "batch_ms_vs_pending": [], "floor": None, "fixed_cost": None,
             "fair": None, "coordinator_to_ceiling": None, "coordinator_to_ceiling_cpu": None}
 
 
@@ -115,6 +119,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
             "pipe": lambda: _pipe(config, options, result, meter, say),
             "coordinator": lambda: _coordinator(config, options, result, stack, meter, say),
             "ceiling": lambda: _ceiling(config, options, result, meter, say),
+            "floor": lambda: _floor(config, options, result, meter, say),
             "pending": lambda: _pending(config, options, result, say),
         }
         fair = {"coordinator", "ceiling"} <= set(options.phases)
@@ -131,6 +136,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
     pipe_cpu, coordinator_cpu = result["cpu"].get("pipe"), result["cpu"].get("coordinator")
     if pipe_cpu and coordinator_cpu and coordinator_cpu["us_per_tx"] > 0:
         result["cpu_ratio"] = pipe_cpu["us_per_tx"] / coordinator_cpu["us_per_tx"]
+    result["fixed_cost"] = fixed_cost(result)
     result["config"] = _settings(config, options)
     result["targets"] = targets(result)
     return result
@@ -238,6 +244,56 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
     say(f"ceiling: {tp.tx_per_s:,.0f} tx/s (ratio {result['ceiling_ratio'] or 0:.2f}); "
         f"commit->visible p50 {lat.commit_to_visible_ms['p50']} ms at "
         f"{lat.offered_tx_per_s:,.0f} tx/s")
+
+
+def _floor(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+           meter: CpuMeter, say: Callable[[str], None]) -> None:
+    """Spark's own per-batch cost at the offered rate (bench.floor)."""
+    rate = options.rate or result["offered_tx_per_s"] or FLOOR_RATE
+    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
+    rows = rows_per_batch(rate, (coordinator or {}).get("batches_per_s"))
+    say(f"floor: a counting applyInPandasWithState between Spark's rate-micro-batch source "
+        f"and noop sink, then between Python ones that do no I/O, {rows:,} rows a batch (at "
+        f"{rate:,.0f} tx/s), {options.latency_seconds:.0f} s each")
+    result["floor"] = {}
+    for variant, python_io in (("floor", False), ("floor_python_io", True)):
+        floor = measure_floor(config, rows, options.latency_seconds, meter, python_io)
+        result["floor"][variant] = dataclasses.asdict(floor)
+        say(f"{variant}: busy batch p50 {floor.batch_ms_p50} ms, {floor.cores} cores, "
+            f"{floor.cpu_ms_per_batch} ms CPU per batch")
+
+
+def _at_rate(latency: dict[str, Any] | None, cpu: dict[str, Any] | None
+             ) -> dict[str, Any] | None:
+    """One query's batches while the rate was offered: their time, its parts, and the CPU
+    each cost (the machine's cores less the benchmark's own load, over batches with input)."""
+    if not latency:
+        return None
+    span_s = (latency["offer_span_ms"][1] - latency["offer_span_ms"][0]) / 1000
+    busy = latency["batches"] - latency["batches_without_input"]
+    cores = None if not cpu else round(cpu["cores"] - latency["load_generator_cores"], 2)
+    return {"batch_ms_p50": latency["batch_ms_p50"],
+            "batch_parts_ms_p50": latency["batch_parts_ms_p50"], "cores": cores,
+            "batches_per_s": round(busy / span_s, 2) if span_s > 0 else None,
+            "cpu_ms_per_batch": batch_cost(cores, span_s, busy),
+            "commit_to_visible_ms": latency["commit_to_visible_ms"]}
+
+
+def fixed_cost(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Spark's floor, the ceiling (txstream's source and sink) and the coordinator side by
+    side at one offered rate: where a near-empty batch's time and CPU go."""
+    floors = result["floor"] or {}
+    ceiling = _at_rate((result["ceiling"] or {}).get("latency"),
+                       result["cpu"].get("ceiling_at_rate"))
+    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
+    if not (floors or ceiling or coordinator):
+        return None
+    fields = ("rows_per_batch", "batch_ms_p50", "batch_parts_ms_p50", "cores", "cpu_ms_per_batch")
+    return {"offered_tx_per_s": result["offered_tx_per_s"],
+            **{variant: None if variant not in floors else {k: floors[variant][k] for k in fields}
+               for variant in ("floor", "floor_python_io")},
+            "ceiling": ceiling, "coordinator": coordinator,
+            "idle_cores": (result["cpu"].get("coordinator_idle") or {}).get("cores")}
 
 
 def _workload(settings: KafkaSettings, partitions: int) -> Callable[[str, int], Workload]:

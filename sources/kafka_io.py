@@ -75,6 +75,9 @@ class SourceOptions:
     # The history topic, read back by a new checkpoint over used topics before anything else
     # (sources.journal). None: no recovery (a new checkpoint then reads the topics afresh).
     journal_topic: str | None = None
+    # Wait this long before asking the broker once the input has been quiet (sources.idle);
+    # 0: ask at every call of Spark's (a simulation, a test of the planner).
+    idle_wait_ms: int = field(default=0, metadata={"minimum": 0})
 
     def __post_init__(self) -> None:
         validate_topic(self.half_topic)

@@ -65,6 +65,7 @@ from txstream.sources.event_rows import (
     rows_to_batch,
     unreadable_row,
 )
+from txstream.sources.idle import idle_wait_ms
 from txstream.sources.journal import JOURNAL, Journal, outcome_rows
 from txstream.sources.kafka_io import (
     ROWS_PER_BATCH,
@@ -111,7 +112,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     PARTITION_REFRESH_MS = 10_000
 
     def __init__(self, options: SourceOptions, schema: Any,
-                 clock: Callable[[], int] | None = None) -> None:
+                 clock: Callable[[], int] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         # Workers construct a reader just to call read(): nothing here may touch Kafka.
         self.options = options
         self.schema = schema
@@ -124,6 +126,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None  # Trigger.AvailableNow: do not read past this
         self._schedule: tuple[Any, Schedule] | None = None  # (the file's identity, schedule)
         self._progress = ProgressClock()
+        self._sleep = sleep
+        self._quiet_since: int | None = None  # since when latestOffset found nothing new
 
     # --- driver side ---------------------------------------------------------------------
 
@@ -268,7 +272,19 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The topics' ids for the next offset: the current ones, the start's where unknown."""
         return {**start.get(TOPIC_IDS, {}), **self._ids}
 
+    def _wait_if_quiet(self, start: Mapping[str, Any]) -> None:
+        """Wait before asking the broker once the input has been quiet (sources.idle)."""
+        if not self.options.idle_wait_ms or self._target is not None:
+            return
+        last = start.get(TICK)
+        due = (self._timers().next_due(last.get("at", 0))
+               if self.options.timer_file and last is not None else None)
+        wait = idle_wait_ms(self._quiet_since, due, self._clock(), self.options.idle_wait_ms)
+        if wait:
+            self._sleep(wait / 1000)
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._wait_if_quiet(start)
         tick = self._tick(start)
         journal = Journal.of(start.get(JOURNAL))
         ends_read = int(start.get(ENDS_READ, {}).get("at", 0))
@@ -290,10 +306,13 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         moved = records_of(canonical(out, self._topic_order(out))) != records_of(
             canonical(records, self._topic_order(records))) or tick != start.get(TICK)
         if moved:
+            self._quiet_since = None
             planned = {(self.options.end_topic, int(p)): o
                        for p, o in out.get(self.options.end_topic, {}).items()}
             ends_read = self._progress.progress(planned, ends_read)
             self._progress.planned(ends_read)
+        elif self._quiet_since is None:
+            self._quiet_since = self._clock()
         return canonical(out, self._topic_order(out), tick, ends_read,
                          journal.entry() if journal else None, ids)
 

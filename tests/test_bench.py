@@ -64,7 +64,7 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
                for q in ("coordinator", "ceiling"))
     assert result["coordinator_to_ceiling"] > 0 and result["coordinator_to_ceiling_cpu"] > 0
     # Each phase says how much CPU the hypervisor took from this machine while it ran.
-    assert set(result["steal_pct"]) == {"pipe", "coordinator", "ceiling", "pending"}
+    assert set(result["steal_pct"]) == {"pipe", "coordinator", "ceiling", "floor", "pending"}
     assert all(0 <= v <= 100 for v in result["steal_pct"].values())
     # And how much CPU each throughput span used per transaction, which steal does not bend.
     cpu = result["cpu"]
@@ -76,6 +76,15 @@ def test_bench_runs_every_phase_and_prints_every_field() -> None:
         assert use["us_per_tx"] is None or use["us_per_tx"] > 0, span
     assert result["cpu_ratio"] > 0
     assert result["latency"]["load_generator_cores"] > 0  # the offered load's own share
+    # Where a batch's time goes: Spark's floor, the ceiling and the coordinator at one rate.
+    cost = result["fixed_cost"]
+    assert cost["offered_tx_per_s"] == 40 and cost["idle_cores"] > 0
+    for query in ("floor", "floor_python_io", "ceiling", "coordinator"):
+        figures = cost[query]
+        assert figures["batch_ms_p50"] > 0 and figures["cpu_ms_per_batch"] > 0, query
+        assert figures["batch_parts_ms_p50"]["addBatch"] > 0, query
+    assert cost["floor"]["rows_per_batch"] == cost["floor_python_io"]["rows_per_batch"] >= 1
+    assert cost["coordinator"]["commit_to_visible_ms"]["count"] > 0
     # Progress goes to stderr, so stdout is the JSON object alone.
     assert "raw pipe" in proc.stderr
 

@@ -473,3 +473,33 @@ def test_a_kafka_error_while_planning_names_the_broker() -> None:
                                               r"not come: RequestTimedOutError: "), \
             metadata_calls(options):
         raise RequestTimedOutError("Request timed out after 29999 ms")
+
+
+@pytest.mark.kafka
+def test_a_quiet_source_waits_before_asking_and_still_finds_what_came(kafka, topics) -> None:
+    clock = [1_000_000]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock[0] += int(seconds * 1000)
+
+    reader = KafkaEventReader(SourceOptions.parse(_options(kafka, topics, idle_wait_ms=200)),
+                              StructType(), clock=lambda: clock[0], sleep=sleep)
+    start = reader.initialOffset()
+    assert records_of(reader.latestOffset(start, ReadAllAvailable())) == records_of(start)
+    assert waits == []  # quiet only from now on
+    clock[0] += 499
+    reader.latestOffset(start, ReadAllAvailable())
+    assert waits == []
+    clock[0] += 1
+    reader.latestOffset(start, ReadAllAvailable())
+    assert waits == [0.2]  # quiet for QUIET_AFTER_MS: wait, then ask
+    produce(kafka, [_end(topics, "tx-after-quiet")])
+    clock[0] += 1_000
+    moved = reader.latestOffset(start, ReadAllAvailable())
+    assert waits == [0.2, 0.2]
+    assert sum(records_of(moved)[topics.end].values()) == 1  # found after the wait
+    clock[0] += 5_000
+    reader.latestOffset(moved, ReadAllAvailable())
+    assert waits == [0.2, 0.2]  # something new at the last ask: no wait

@@ -13,7 +13,8 @@ function.
 
 An idle query runs a micro-batch only when a timer is due: the sink keeps a schedule of the
 keys' timeouts, and the source moves its offset when one has come
-(docs/decisions/0003-timer-schedule.md; Spark's no-data batches are off).
+(docs/decisions/0003-timer-schedule.md; Spark's no-data batches are off). A quiet source asks
+the broker less often (docs/decisions/0028-idle-wait.md).
 
 The state update and the sink's writes commit together per micro-batch: a batch whose writes
 are not all acknowledged fails and is replayed from the checkpoint with the state it started
@@ -29,6 +30,7 @@ from typing import Any
 from txstream.options import to_options
 from txstream.schema import OUTPUT_SCHEMA, STATE_SCHEMA, Kind
 from txstream.sinks.kafka_sink import SinkOptions
+from txstream.sources.idle import IDLE_WAIT_MS
 from txstream.sources.kafka_io import SourceOptions
 from txstream.streaming.engine.checkpoint import Checkpoint, pin_layout
 from txstream.streaming.engine.config import RunConfig
@@ -77,6 +79,7 @@ def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
         max_offsets_per_trigger=config.max_offsets_per_trigger or None,
         timer_file=str(timer_file) if timer_file else None,
         journal_topic=config.topics.history,
+        idle_wait_ms=IDLE_WAIT_MS,
     )
     # The progress time of each batch (a PROGRESS row, sources.progress) becomes the query's
     # event-time watermark, which Spark hands to every state key's call of the next batch:
