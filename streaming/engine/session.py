@@ -102,6 +102,7 @@ def build_session(
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
+    _quiet_accumulator_server(spark)
     if log_level:
         spark.sparkContext.setLogLevel(log_level.upper())
     return spark
@@ -164,20 +165,25 @@ def stop_spark(spark: Any) -> None:
         proc.wait(timeout=5)
 
 
+_HANG_UPS = (EOFError, ConnectionResetError, BrokenPipeError)
+
+
 def _quiet_accumulator_server(spark: Any) -> None:
-    """``SparkContext.stop`` stops the JVM before it flags its accumulator server down, so the
-    server's handler may read the JVM's closed connection and print an ``EOFError`` traceback.
-    At stop that end of stream is expected; any other error is still printed."""
+    """pyspark's accumulator server prints a traceback when the JVM hangs up on it: at
+    ``SparkContext.stop``, which stops the JVM before it flags the server down, and when a
+    Ctrl-C reaches the JVM first (the whole process group gets it). A hang-up only says the
+    JVM went away, which the query's end reports; any other error is still printed."""
     server = getattr(getattr(spark, "sparkContext", None), "_accumulatorServer", None)
-    if server is None:
+    if server is None or getattr(server, "_txstream_quiet", False):
         return
     printed = server.handle_error
 
     def handle_error(request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], EOFError):
+        if not isinstance(sys.exc_info()[1], _HANG_UPS):
             printed(request, client_address)
 
     server.handle_error = handle_error
+    server._txstream_quiet = True
 
 
 def _spark_python_processes() -> list[int]:
