@@ -300,6 +300,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # partition goes back to 0, to be read whole once the recovery is done).
             held = {t: {p: 0 if (t, p) in lost else o for p, o in ps.items()}
                     for t, ps in records.items()}
+            self._quiet_since = None  # each step of the recovery is a batch to run at once
             return canonical(held, self._topic_order(held), tick, ends_read,
                              journal.step(budget).entry(), ids)
         out = self._planned(records, latest, lost, budget)
