@@ -15,38 +15,35 @@ task attempt after the first. The run and batch come from Spark's local properti
 restarted in the same process is a new run and checked again.
 
 How far back to read: the replayed batch's first run wrote nothing before the batch started
-(``batch_ms``), and every record an earlier batch wrote was acknowledged before it. Reading
-stops at the first record of this coordinator (its id tag) older than ``batch_ms`` minus a
-clock-skew margin; records of other producers stop it only once older than
-:data:`FOREIGN_HORIZON_MS`. A miss can only cost a duplicate, never a loss: a record is left
-out only when its very id was found on its topic.
+(``batch_ms``), and every record an earlier batch wrote was acknowledged before it: each topic
+is read back to there (:func:`txstream.kafka.read_back.read_back`, where a record of this
+coordinator is one with its id tag). A miss can only cost a duplicate, never a loss: a record
+is left out only when its very id was found on its topic.
+
+Across checkpoints the ids differ (a new checkpoint numbers from its own batch times): a half
+message a new checkpoint reads again is looked for by its transaction id instead, among the
+records of this coordinator under ids the checkpoint did not give (:func:`released_earlier`,
+docs/decisions/0029-releases-found.md).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer, Unreadable, read_range
+from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer
+from txstream.kafka.read_back import READ_BACK_CHUNK, header_text, read_back
 from txstream.wire import H
 
 __all__ = [
-    "SKEW_MARGIN_MS",
-    "FOREIGN_HORIZON_MS",
     "replay_suspected",
     "written_ids",
     "released_before",
+    "released_earlier",
     "id_tag",
 ]
 
-# Executors' clocks against the driver's (batch_ms is the driver's, record timestamps an
-# executor's): NTP keeps them within milliseconds. A larger margin only reads more at a restart.
-SKEW_MARGIN_MS = 5_000
-# Older than this before the batch, a record of another producer ends the search: a producer
-# gives up on a record within its delivery timeout (kafka-python: 120 s), so nothing older can
-# have been appended after the batch started.
-FOREIGN_HORIZON_MS = 10 * 60_000
-_CHUNK = 2000  # offsets read per step backwards
 _READ_TIMEOUT_S = 30.0
 
 _FIRST_BATCH: dict[str, int] = {}  # run id -> first batch this process wrote for it
@@ -78,39 +75,26 @@ def id_tag(record_id: str) -> str:
     return record_id.split(".", 1)[0]
 
 
-def _header(headers: Iterable[tuple[str, bytes | None]] | None, wanted: str) -> str | None:
-    for name, value in headers or ():
-        if name == wanted and value is not None:
-            return bytes(value).decode("ascii", "replace")
-    return None
-
-
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
-                    wanted: set[str], tag: str, batch_ms: int, header: str,
+                    wanted: set[str], tag: str, since_ms: int, header: str,
                     counts: Callable[[str], bool]) -> set[str]:
-    own_horizon = batch_ms - SKEW_MARGIN_MS
-    foreign_horizon = batch_ms - FOREIGN_HORIZON_MS
+    """The ``header`` values of ``wanted`` on records of this coordinator (``tag``) whose ids
+    ``counts``, read back from ``end`` to ``since_ms``."""
+    def own(rec: Any) -> bool:
+        rid = header_text(rec.headers, H.RECORD_ID)
+        return rid is not None and id_tag(rid) == tag
+
     found: set[str] = set()
-    while end > 0:
-        start = max(0, end - _CHUNK)
-        done = False
-        for rec in read_range(consumers, topic, partition, start, end, _READ_TIMEOUT_S):
-            if isinstance(rec, Unreadable):
-                continue  # not a record this coordinator wrote whole: it cannot be skipped
-            rid = _header(rec.headers, H.RECORD_ID)
-            own = rid is not None and id_tag(rid) == tag
-            value = (rid if header == H.RECORD_ID else _header(rec.headers, header)
-                     if own and counts(rid) else None)
+    for chunk in read_back(consumers, topic, partition, end, since_ms, own, _READ_TIMEOUT_S):
+        for rec in chunk:
+            rid = header_text(rec.headers, H.RECORD_ID)
+            if rid is None or id_tag(rid) != tag or not counts(rid):
+                continue
+            value = rid if header == H.RECORD_ID else header_text(rec.headers, header)
             if value is not None and value in wanted:
                 found.add(value)
-            ts = rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
-            if ts is None:
-                continue
-            if (own and ts < own_horizon) or ts < foreign_horizon:
-                done = True  # everything before this record was there before the batch
-        if done or found >= wanted:
+        if found >= wanted:
             break
-        end = start
     return found
 
 
@@ -144,18 +128,37 @@ def released_before(
                     of_this_batch)
 
 
-def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, tag: str,
-             header: str, counts: Callable[[str], bool] = lambda rid: True) -> set[str]:
+def released_earlier(settings: KafkaSettings, wanted: Mapping[str, Mapping[str, int]],
+                     tag: str, ours: str) -> set[str]:
+    """Which of ``wanted`` ({real topic: {transaction id: since ms}}) a coordinator before this
+    checkpoint released: a record for the transaction is on its real topic under an id of this
+    coordinator (``tag``) that this checkpoint did not give (``ours``: the prefix of the ids
+    the state key numbers its records with), written after the transaction's ``since``
+    (docs/decisions/0029-releases-found.md)."""
+    wanted = {t: ids for t, ids in wanted.items() if ids}
+    if not wanted:
+        return set()
+    since = {t: min(ids.values()) for t, ids in wanted.items()}
+    return _written(settings, {t: set(ids) for t, ids in wanted.items()}, since, tag,
+                    H.TRANSACTION_ID, lambda rid: not rid.startswith(ours))
+
+
+def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]],
+             since_ms: int | Mapping[str, int], tag: str, header: str,
+             counts: Callable[[str], bool] = lambda rid: True) -> set[str]:
+    """``header`` values (record ids, or transaction ids) of ``wanted`` found on their topics,
+    each topic read back to ``since_ms`` (one time, or one per topic)."""
     probe = EndProbe(settings, role="sink")
-    consumers = PatientConsumer(settings, role="sink", max_poll_records=_CHUNK)
+    consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK)
     found: set[str] = set()
     try:
         for topic, ids in wanted.items():
             # A topic that does not exist yet holds nothing (the sink's first write creates it).
             ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
             for (_, partition), end in sorted(ends.items()):
+                since = since_ms if isinstance(since_ms, int) else since_ms[topic]
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         batch_ms, header, counts)
+                                         since, header, counts)
     finally:
         probe.close()
         consumers.close()

@@ -41,9 +41,12 @@ def record_row(
     offset: int,
     layout: KeyLayout,
     timestamp: int | None = None,
+    read_again: bool = False,
 ) -> EventRow:
-    """One record of the half (``is_half``) or end topic as a row; never raises."""
-    return EventRow(route(key, layout), EventKind.HALF if is_half else EventKind.END,
+    """One record of the half (``is_half``) or end topic as a row; never raises.
+    ``read_again``: a half message a coordinator before this checkpoint may have read."""
+    kind = (EventKind.HALF_AGAIN if read_again else EventKind.HALF) if is_half else EventKind.END
+    return EventRow(route(key, layout), kind,
                     partition, offset, key, value, pack_headers(headers or ()), None,
                     timestamp if timestamp is not None and timestamp >= 0 else None, None)
 

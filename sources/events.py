@@ -68,7 +68,7 @@ def parse_event(
     would be larger is refused now, not when a write fails)."""
     try:
         text = packed_header_dict(headers)
-        if kind == EventKind.HALF:
+        if kind in (EventKind.HALF, EventKind.HALF_AGAIN):
             return _half(key, value, text, partition, offset, max_body, max_record, timestamp)
         return end_from_text(key, value, text, RawRecord(partition, offset, key, value, headers))
     except MalformedRecord as exc:

@@ -9,9 +9,14 @@ topic (the coordinator's own journal of every decision) up to where it ended whe
 began, and hands each outcome to the transaction's state key as an OUTCOME row: a half message
 or end event read again then meets its outcome, as a duplicate (docs/decisions/0023-recovery.md).
 
+The recovery also remembers where the half topic ended when it began (``again``): a half
+message below that end may have been read by the coordinator before, whose last batch may have
+died after releasing it and before noting so. The source marks such a row (``HALF_AGAIN``) and
+the operator looks for the release on its real topic (docs/decisions/0029-releases-found.md).
+
 The stream offset carries the recovery: ``"_journal": {"at": {partition: next offset},
-"to": {partition: end}}``; it is done when ``at`` reaches ``to``. Pure, but for the records it
-is handed.
+"to": {partition: end}, "half": {partition: end}}``; it is done when ``at`` reaches ``to``.
+Pure, but for the records it is handed.
 """
 
 from __future__ import annotations
@@ -42,28 +47,36 @@ OUTCOME_OF = {NoteKind.RELEASED: Status.COMMITTED.value,
 
 class Journal:
     """The recovery entry of a stream offset: how far the history topic has been read back,
-    and up to where it must be before half and end records are read again."""
+    up to where it must be before half and end records are read again, and where the half
+    topic's partitions ended when it began (``again``)."""
 
-    def __init__(self, at: Mapping[int, int], to: Mapping[int, int]) -> None:
+    def __init__(self, at: Mapping[int, int], to: Mapping[int, int],
+                 again: Mapping[int, int] | None = None) -> None:
         self.at = {p: int(o) for p, o in at.items()}
         self.to = {p: int(o) for p, o in to.items()}
+        self.again = {p: int(o) for p, o in (again or {}).items()}
 
     @classmethod
-    def starting(cls, ends: Mapping[int, int]) -> Journal | None:
-        """A recovery of the history topic as it ends now (None: it holds nothing)."""
+    def starting(cls, ends: Mapping[int, int], half_ends: Mapping[int, int]) -> Journal | None:
+        """A recovery of the history topic as it ends now, before the half topic's partitions
+        ``half_ends`` are read again below those ends (None: the history holds nothing)."""
         to = {p: end for p, end in ends.items() if end > 0}
-        return cls({p: 0 for p in to}, to) if to else None
+        return cls({p: 0 for p in to}, to, half_ends) if to else None
 
     @classmethod
     def of(cls, entry: Any) -> Journal | None:
         if not entry:
             return None
         return cls({int(p): o for p, o in entry["at"].items()},
-                   {int(p): o for p, o in entry["to"].items()})
+                   {int(p): o for p, o in entry["to"].items()},
+                   {int(p): o for p, o in entry.get("half", {}).items()})
 
     def entry(self) -> dict[str, dict[str, int]]:
-        return {"at": {str(p): self.at[p] for p in sorted(self.at)},
-                "to": {str(p): self.to[p] for p in sorted(self.to)}}
+        out = {"at": {str(p): self.at[p] for p in sorted(self.at)},
+               "to": {str(p): self.to[p] for p in sorted(self.to)}}
+        if self.again:
+            out["half"] = {str(p): self.again[p] for p in sorted(self.again)}
+        return out
 
     @property
     def done(self) -> bool:
@@ -78,7 +91,7 @@ class Journal:
         share = None if budget is None else max(1, budget // max(1, len(left)))
         for p, n in left.items():
             at[p] = at.get(p, 0) + (n if share is None else min(n, share))
-        return Journal(at, self.to)
+        return Journal(at, self.to, self.again)
 
     def ranges(self, before: Journal | None) -> Iterator[tuple[int, int, int]]:
         """(partition, start, end) of what this entry read since ``before``."""

@@ -110,6 +110,9 @@ class TopicSlice(InputPartition):
     start: int
     end: int
     kind: int
+    # A half topic slice read again by a recovery: its records below this offset may have
+    # been read, and released, by a coordinator before this checkpoint (sources.journal).
+    again_below: int = 0
 
 
 @dataclass(frozen=True)

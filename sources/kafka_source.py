@@ -199,10 +199,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = high_watermarks(self.options, {topic: parts}, {})
         return {p: end for (_, p), end in ends.items()}
 
-    def _recovery(self, why: str) -> Journal | None:
+    def _recovery(self, why: str, half_ends: Mapping[int, int]) -> Journal | None:
         """A recovery of what the history topic says was decided, before the half and end
-        topics are read again (:mod:`txstream.sources.journal`)."""
-        journal = Journal.starting(self._journal_ends())
+        topics are read again (:mod:`txstream.sources.journal`); ``half_ends``: the half
+        topic's partitions read again, and where they end now."""
+        journal = Journal.starting(self._journal_ends(), half_ends)
         if journal is not None:
             log.warning("%s: reading back the outcomes in %s (%d records) before the half and "
                         "end topics, so that nothing decided is decided again", why,
@@ -212,10 +213,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         parts = self._topic_partitions()
         tick = {"at": 0, "known": 1} if self.options.timer_file else None
-        used = any(hw > 0 for ps in records_of(self._high_watermarks({})).values()
-                   for hw in ps.values())
-        journal = (self._recovery("a new checkpoint over half and end topics that hold records")
-                   if used else None)
+        ends = records_of(self._high_watermarks({}))
+        used = any(hw > 0 for ps in ends.values() for hw in ps.values())
+        half_ends = {int(p): hw for p, hw in ends.get(self.options.half_topic, {}).items()}
+        journal = (self._recovery("a new checkpoint over half and end topics that hold records",
+                                  half_ends) if used else None)
         return canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
                          self.options.topics, tick, 0, journal.entry() if journal else None,
                          self._ids)
@@ -293,7 +295,10 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lost = self._lost(start, records, latest)
         ids = self._ids_of(start)
         if lost and self.options.journal_topic is not None:
-            journal = self._recovery("partitions read again from their start") or journal
+            half_ends = {int(p): int(latest[t][p]) for t, p in lost
+                         if t == self.options.half_topic and p in latest.get(t, {})}
+            journal = (self._recovery("partitions read again from their start", half_ends)
+                       or journal)
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if journal is not None and not journal.done:
             # Recovering: the history topic is read first; nothing else moves (a lost
@@ -358,13 +363,16 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         slices = []
+        journal = Journal.of(end.get(JOURNAL))
+        again = journal.again if journal is not None else {}
         for topic, parts in records_of(end).items():
-            kind = EventKind.HALF if topic == self.options.half_topic else EventKind.END
+            half = topic == self.options.half_topic
+            kind = EventKind.HALF if half else EventKind.END
             for p, stop in parts.items():
                 begin = int(start.get(topic, {}).get(p, 0))
                 if stop > begin:
-                    slices.append(TopicSlice(topic, int(p), begin, int(stop), kind))
-        journal = Journal.of(end.get(JOURNAL))
+                    slices.append(TopicSlice(topic, int(p), begin, int(stop), kind,
+                                             again.get(int(p), 0) if half else 0))
         if journal is not None and self.options.journal_topic is not None:
             for p, begin, stop in journal.ranges(Journal.of(start.get(JOURNAL))):
                 slices.append(TopicSlice(self.options.journal_topic, p, begin, stop,
@@ -421,7 +429,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield unreadable_row(is_half, rec.partition, rec.offset, rec.error)
             else:
                 yield record_row(is_half, rec.key, rec.value, rec.headers, rec.partition,
-                                 rec.offset, layout, rec.timestamp)
+                                 rec.offset, layout, rec.timestamp,
+                                 read_again=rec.offset < part.again_below)
 
 
 class KafkaEventSource(DataSource):

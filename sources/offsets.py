@@ -66,7 +66,7 @@ def canonical(offsets: Mapping[str, Any], topics: Sequence[str],
     if journal:
         out[JOURNAL] = {part: {p: int(o) for p, o in sorted(journal[part].items(), key=lambda
                                                              kv: int(kv[0]))}
-                        for part in ("at", "to")}
+                        for part in ("at", "to", "half") if part in journal}
     if ids:
         out[TOPIC_IDS] = {topic: str(ids[topic]) for topic in sorted(ids)}
     return out

@@ -44,10 +44,9 @@ from txstream.state.timing import (
     reserved_deadline,
     waits_for_ends,
 )
-from txstream.state.transaction import BodyGone, Event, Status, Transaction
+from txstream.state.transaction import BodyGone, Event, FoundReleased, Status, Transaction
 
 __all__ = ["Trigger", "Action", "TRANSITIONS", "MAY_REACH", "apply", "on_timeout", "trigger_of"]
-
 
 
 class Trigger(str, Enum):
@@ -57,6 +56,7 @@ class Trigger(str, Enum):
     UNKNOWN = "UNKNOWN"
     TIMEOUT = "TIMEOUT"
     BODY_GONE = "BODY_GONE"
+    FOUND_RELEASED = "FOUND_RELEASED"
 
 
 class Action(str, Enum):
@@ -74,7 +74,8 @@ class Action(str, Enum):
     FORGET = "forget"  # timer: a resolved transaction leaves the state; its outcome stays
     MARK_GONE = "mark_gone"  # the held body is gone: no release or check can carry it
     RELEASE_AGAIN = "release_again"  # a lost release: the half message sent again is released
-    IGNORE = "ignore"  # an observation about a body nobody holds: nothing to do
+    IGNORE = "ignore"  # an observation that changes nothing known: nothing to do
+    ADOPT = "adopt"  # a predecessor's release found on its topic: committed, nothing written
 
 
 _S, _T, _A = Status, Trigger, Action
@@ -118,6 +119,10 @@ TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] =
     (_S.PENDING, _T.BODY_GONE): (_S.PENDING, _A.MARK_GONE),
     **{(s, _T.BODY_GONE): (s, _A.IGNORE)
        for s in (None, _S.EARLY_END, _S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED, _S.LOST)},
+    **{(s, _T.FOUND_RELEASED): (_S.COMMITTED, _A.ADOPT)
+       for s in (None, _S.EARLY_END, _S.PENDING)},
+    **{(s, _T.FOUND_RELEASED): (s, _A.IGNORE)
+       for s in (_S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED, _S.LOST)},
 }
 
 MAY_REACH: dict[Action, frozenset[Status | None]] = {
@@ -135,6 +140,8 @@ def trigger_of(event: Event) -> Trigger:
         return Trigger.HALF
     if isinstance(event, BodyGone):
         return Trigger.BODY_GONE
+    if isinstance(event, FoundReleased):
+        return Trigger.FOUND_RELEASED
     return {
         Decision.COMMIT_MESSAGE: Trigger.COMMIT,
         Decision.ROLLBACK_MESSAGE: Trigger.ROLLBACK,
@@ -344,6 +351,22 @@ def _ignore(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _
     return tx, []
 
 
+def _adopt(tx: Transaction | None, found: Event, now: int, policy: Policy) -> _Result:
+    """Committed without a release of its own: the message is on its topic already. Held end
+    events then meet the outcome, as they would have after the release."""
+    assert isinstance(found, FoundReleased)
+    txid = found.transaction_id
+    # Held end events name no owner yet: like a recovered outcome, the result keeps none.
+    base = tx if tx is not None and tx.status is Status.PENDING else Transaction(
+        txid, Status.PENDING, now)
+    new: Transaction | None = _resolved(base, Status.COMMITTED, now, policy)
+    effects: list[Effect] = [_note(txid, NoteKind.RELEASED, now, found_on=found.topic)]
+    for end in tx.held if tx is not None else ():
+        new, more = apply(new, end, now, policy)
+        effects += more
+    return new, effects
+
+
 def _drop(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Result:
     assert tx is not None and isinstance(end, EndEvent)
     return _resolved(tx, Status.ROLLED_BACK, now, policy), [
@@ -370,7 +393,7 @@ def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
 
 
 def _duplicate(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:
-    assert tx is not None and not isinstance(event, BodyGone)
+    assert tx is not None and isinstance(event, Message | EndEvent)
     what = "half" if isinstance(event, Message) else event.decision.value
     return tx, [_note(tx.transaction_id, NoteKind.DUPLICATE, now, of=what, status=tx.status.value)]
 
@@ -453,4 +476,5 @@ _ACTIONS = {
     Action.MARK_GONE: _mark_gone,
     Action.RELEASE_AGAIN: _release_again,
     Action.IGNORE: _ignore,
+    Action.ADOPT: _adopt,
 }

@@ -10,7 +10,7 @@ from enum import Enum
 
 from txstream.message import EndEvent, Message
 
-__all__ = ["BodyGone", "Event", "Status", "Transaction"]
+__all__ = ["BodyGone", "Event", "FoundReleased", "Status", "Transaction"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,18 @@ class BodyGone:
     reason: str
 
 
-Event = Message | EndEvent | BodyGone
+@dataclass(frozen=True, slots=True)
+class FoundReleased:
+    """An observation, not a record: a coordinator before this checkpoint released the
+    transaction's message to ``topic`` (its record is there), though the history topic does
+    not say so: its batch died between the release and the note. A new checkpoint finds it out
+    when it reads the half message again (docs/decisions/0029-releases-found.md)."""
+
+    transaction_id: str
+    topic: str
+
+
+Event = Message | EndEvent | BodyGone | FoundReleased
 
 
 class Status(str, Enum):

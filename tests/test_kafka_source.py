@@ -290,6 +290,35 @@ def test_a_half_topic_created_again_is_read_again_even_past_the_checkpoint(kafka
     assert records_of(lenient.latestOffset(again, ReadAllAvailable()))[topics.half] == {"0": 5}
 
 
+def _rows_read(reader: KafkaEventReader, start: dict, end: dict) -> list[dict[str, Any]]:
+    return [row for part in reader.partitions(start, end) for batch in reader.read(part)
+            for row in batch.to_pylist()]
+
+
+@pytest.mark.kafka
+def test_a_new_checkpoint_marks_the_half_messages_a_coordinator_before_it_may_have_read(
+        kafka, topics) -> None:
+    """0029: below where the half topic ended when the recovery began, a half message comes as
+    HALF_AGAIN; one written since, as HALF."""
+    history = f"{topics.half}_HISTORY"
+    produce(kafka, [_half(topics, f"old{i}") for i in range(3)]
+            + [Record(history, b"1", b"[]"), _end(topics, "old0")])
+    reader = KafkaEventReader(SourceOptions.parse(_options(kafka, topics, journal_topic=history)),
+                              event_struct())
+    start = wait_until(lambda: (o := reader.initialOffset()).get("_journal") and o)
+    assert sum(start["_journal"]["half"].values()) == 3
+    produce(kafka, [_half(topics, f"new{i}") for i in range(2)])
+    got: list[tuple[str, int]] = []
+    for _ in range(2):  # the history read back, then the half and end topics
+        end = reader.latestOffset(start, ReadAllAvailable())
+        got += [(bytes(row["key"]).decode(), row["kind"]) for row in _rows_read(reader, start, end)
+                if row["kind"] in (EventKind.HALF, EventKind.HALF_AGAIN, EventKind.END)]
+        start = end
+    assert sorted(got) == sorted([(f"old{i}", EventKind.HALF_AGAIN) for i in range(3)]
+                                 + [(f"new{i}", EventKind.HALF) for i in range(2)]
+                                 + [("old0", EventKind.END)])
+
+
 @pytest.mark.kafka
 def test_the_offset_ticks_when_a_scheduled_timer_is_due(kafka, topics, tmp_path) -> None:
     timers = tmp_path / "timers.json"

@@ -10,7 +10,7 @@ from txstream.message import Decision, EndEvent, Message
 from txstream.state.effects import DeadLetter, Discard, Note, Release, RequestCheck
 from txstream.state.lifecycle import TRANSITIONS, Action, Trigger, apply, on_timeout, trigger_of
 from txstream.state.policy import HOUR, SECOND, Policy
-from txstream.state.transaction import BodyGone, Status, Transaction
+from txstream.state.transaction import BodyGone, FoundReleased, Status, Transaction
 
 from tx_helpers import (
     COMMIT,
@@ -30,12 +30,13 @@ from tx_helpers import (
 # --- every entry of TRANSITIONS ----------------------------------------------------------------
 
 
-_EVENT_OF: dict[Trigger, Message | EndEvent | BodyGone] = {
+_EVENT_OF: dict[Trigger, Message | EndEvent | BodyGone | FoundReleased] = {
     Trigger.HALF: half(),
     Trigger.COMMIT: end(COMMIT),
     Trigger.ROLLBACK: end(ROLLBACK),
     Trigger.UNKNOWN: end(UNKNOWN),
     Trigger.BODY_GONE: BodyGone("tx-1", "is no longer in the topic"),
+    Trigger.FOUND_RELEASED: FoundReleased("tx-1", "orders"),
 }
 
 # What each action emits, in order (for a transaction reached by ``_reach``).
@@ -55,6 +56,11 @@ _EFFECTS_OF = {
     Action.MARK_GONE: [Note],
     Action.RELEASE_AGAIN: [Release, Note],
     Action.IGNORE: [],
+    Action.ADOPT: [Note],
+}
+# Where the transaction reached makes a difference.
+_EFFECTS_FROM = {
+    (Status.EARLY_END, Action.ADOPT): [Note, Note],  # found released, then the held UNKNOWN
 }
 
 
@@ -76,7 +82,7 @@ def test_every_transition(
         assert trigger_of(event) is trigger
         new, effects = apply(tx, event, T0 + 1, P)
     assert (new.status if new else None) is after
-    assert kinds(effects) == _EFFECTS_OF[action]
+    assert kinds(effects) == _EFFECTS_FROM.get((before, action), _EFFECTS_OF[action])
     if action in (Action.DUPLICATE, Action.REJECT):
         assert new is tx  # nothing changes
     for e in effects:

@@ -6,7 +6,8 @@ from typing import Any, NamedTuple
 
 from txstream.outputs import encode_history
 from txstream.schema import EventKind
-from txstream.sources.journal import OUTCOME_OF, Journal, outcome_rows
+from txstream.sources.journal import JOURNAL, OUTCOME_OF, Journal, outcome_rows
+from txstream.sources.offsets import canonical
 from txstream.sources.progress import ProgressClock
 from txstream.state.keys import KeyLayout, state_key
 from txstream.topics import Topics
@@ -46,16 +47,22 @@ def test_what_a_planned_batch_proves_is_kept_no_longer() -> None:
 
 
 def test_a_recovery_reads_the_history_topic_to_where_it_ended_then_is_done() -> None:
-    assert Journal.starting({0: 0, 1: 0}) is None  # nothing decided: nothing to read back
-    journal = Journal.starting({0: 10, 1: 3, 2: 0})
+    assert Journal.starting({0: 0, 1: 0}, {0: 5}) is None  # nothing decided: nothing to read
+    journal = Journal.starting({0: 10, 1: 3, 2: 0}, {0: 40, 1: 0})
     assert journal is not None and journal.to == {0: 10, 1: 3} and not journal.done
+    # Where the half topic ended: its records below were maybe read before (0029).
+    assert journal.again == {0: 40, 1: 0}
     step = journal.step(4)
     assert step.at == {0: 2, 1: 2} and list(step.ranges(journal)) == [(0, 0, 2), (1, 0, 2)]
     step = step.step(4).step(4)
     assert step.at == {0: 8, 1: 3}
     step = step.step(None)
-    assert step.done and step.at == {0: 10, 1: 3}
+    assert step.done and step.at == {0: 10, 1: 3} and step.again == journal.again
     assert Journal.of(step.entry()).__dict__ == step.__dict__  # as the offset keeps it
+    kept = canonical({}, [], journal=step.entry())[JOURNAL]
+    assert Journal.of(kept).__dict__ == step.__dict__
+    # An offset written before the half topic's ends were kept reads as none read again.
+    assert Journal.of({"at": {"0": 1}, "to": {"0": 1}}).again == {}
 
 
 class _Rec(NamedTuple):

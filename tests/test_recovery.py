@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from txstream.console.timeline_text import describe
 from txstream.kafka import KafkaSettings
 from txstream.message import Decision
 from txstream.outputs import decode_history
 from txstream.state.policy import Policy
 from txstream.streaming.engine.config import RunConfig
 from txstream.streaming.engine.query import start_coordinator
+from txstream.streaming.engine.records import coordinator_tag
 from txstream.topics import Topics
-from txstream.wire import Record
+from txstream.wire import H, Record
 
 from kafka_helpers import end_record, half_record, headers_of, produce, read_topic, wait_until
 
@@ -78,10 +80,17 @@ def test_a_new_checkpoint_over_used_topics_releases_nothing_twice_and_loses_noth
     wait_until(lambda: len(_outcomes(kafka, topics)) == 15, 180)
     assert _released(kafka, real) == Counter(committed)
     first.stop()
+    # Its last batch died after releasing one pending transaction, before the history note
+    # that says so (0029): the commit and the release are there, the history does not tell.
+    died = pending[0]
+    epoch = int(time.time() * 1000) - 1000
+    produce(kafka, [end_record(topics, died, "G", COMMIT), Record(real, None, died.encode(), (
+        ("UNIQ_KEY", died.encode()), (H.TRANSACTION_ID, died.encode()),
+        (H.RECORD_ID, f"{coordinator_tag(topics)}.1.{epoch}.0".encode())))])
 
     # The checkpoint is lost; a new one over the same topics. The pending ones commit now.
     second = start_coordinator(spark, _config(kafka, topics, tmp_path / "second", POLICY))
-    produce(kafka, [end_record(topics, t, "G", COMMIT) for t in pending])
+    produce(kafka, [end_record(topics, t, "G", COMMIT) for t in pending[1:]])
     wait_until(lambda: all(t in _outcomes(kafka, topics) for t in pending), 180)
     second.stop()
 
@@ -89,6 +98,11 @@ def test_a_new_checkpoint_over_used_topics_releases_nothing_twice_and_loses_noth
     outcomes = _outcomes(kafka, topics)
     assert all(outcomes[t] == ["released"] for t in committed + pending)
     assert all(outcomes[t] == ["rolled_back"] for t in rolled_back)
+    found = [note for record in read_topic(kafka, topics.history)
+             for note in decode_history(record.value, record.key)
+             if note["transaction_id"] == died and note["event"] == "released"]
+    assert [note.get("found_on") for note in found] == [real]
+    assert describe(found[0]).startswith(f"found already released on {real}")  # its history
 
 
 def test_a_catch_up_after_an_outage_longer_than_the_reserved_time_releases_every_commit(

@@ -53,18 +53,23 @@ def test_record_ids_name_the_coordinator_bucket_epoch_and_number() -> None:
     assert record_id(tag, 5, T0, 12) == f"{tag}.5.{T0}.12"
 
 
+def _real_topic(kafka: KafkaSettings, unique: str, partitions: int) -> str:
+    topic = f"{unique}-real"
+    admin = make_admin(kafka)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, -1)])
+    finally:
+        admin.close()
+    return topic
+
+
 @pytest.mark.kafka
 def test_written_ids_finds_exactly_the_records_on_their_topics(
     kafka: KafkaSettings, unique: str
 ) -> None:
     from txstream.sinks.replay import written_ids
 
-    topic, absent = f"{unique}-real", f"{unique}-never-written"
-    admin = make_admin(kafka)
-    try:
-        admin.create_topics([NewTopic(topic, 3, -1)])
-    finally:
-        admin.close()
+    topic, absent = _real_topic(kafka, unique, 3), f"{unique}-never-written"
     tag, other = "0badc0de", "0ddba11e"
     batch_ms = int(time.time() * 1000)
     ids = [record_id(tag, b, batch_ms, n) for b in range(3) for n in range(4)]
@@ -86,6 +91,37 @@ def test_written_ids_finds_exactly_the_records_on_their_topics(
     assert written_ids(kafka, wanted, batch_ms) == set(ids[:8])
     assert written_ids(kafka, {absent: {ids[0]}}, batch_ms) == set()
     assert written_ids(kafka, {}, batch_ms) == set()
+
+
+@pytest.mark.kafka
+def test_released_earlier_finds_a_predecessors_release_by_its_transaction_id(
+    kafka: KafkaSettings, unique: str
+) -> None:
+    """A new checkpoint's question (0029): which of these transactions did a coordinator before
+    it release, under an id this checkpoint did not give?"""
+    from txstream.sinks.replay import released_earlier
+
+    topic, absent = _real_topic(kafka, unique, 2), f"{unique}-never-written"
+    tag, other, now = "0badc0de", "0ddba11e", int(time.time() * 1000)
+    ours = f"{tag}.7.{now}."  # this checkpoint's ids for the state key
+    releases = {"tx-before": f"{tag}.7.{now - 60_000}.3",  # the predecessor's
+                "tx-other-key": f"{tag}.2.{now - 90_000}.0",  # the predecessor's, another key
+                "tx-ours": f"{ours}0",  # this checkpoint released it (a replay asks again)
+                "tx-not-ours": f"{other}.7.{now - 60_000}.1"}  # another coordinator's
+    producer = make_producer(kafka)
+    try:
+        for i, (txid, rid) in enumerate(releases.items()):
+            producer.send(topic, b"m", partition=i % 2, headers=[
+                (H.TRANSACTION_ID, txid.encode()), (H.RECORD_ID, rid.encode())])
+        producer.send(topic, b"no id", headers=[(H.TRANSACTION_ID, b"tx-unnamed")])
+        producer.flush()
+    finally:
+        producer.close()
+    since = now - 120_000
+    wanted = {topic: {txid: since for txid in [*releases, "tx-unnamed", "tx-never"]},
+              absent: {"tx-elsewhere": since}}
+    assert released_earlier(kafka, wanted, tag, ours) == {"tx-before", "tx-other-key"}
+    assert released_earlier(kafka, {topic: {}}, tag, ours) == set()
 
 
 def test_a_task_outside_spark_is_always_checked() -> None:

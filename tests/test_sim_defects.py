@@ -53,7 +53,7 @@ def _stale_body_read(mp: pytest.MonkeyPatch) -> None:
 
 def _no_recovery(mp: pytest.MonkeyPatch) -> None:
     """2: a new checkpoint reads the topics afresh, knowing nothing decided."""
-    mp.setattr(journal.Journal, "starting", classmethod(lambda cls, ends: None))
+    mp.setattr(journal.Journal, "starting", classmethod(lambda cls, ends, half_ends: None))
 
 
 def _age_from_born_time(mp: pytest.MonkeyPatch) -> None:
@@ -153,6 +153,12 @@ def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(operator, "_not_released_before", lambda kafka, bucket, gone, now, first: gone)
 
 
+def _releases_found_nowhere(mp: pytest.MonkeyPatch) -> None:
+    """13 (a long run): a new checkpoint takes the history for every release, though the
+    predecessor's last batch may have died between a release and its note."""
+    mp.setattr(operator, "_found_released", lambda *args: [])
+
+
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("1-stale-watermark", _stale_body_read, 175, "although its commit was written before"),
     ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
@@ -166,6 +172,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
     ("11-recreated-topic", _topic_ids_unread, 3099, "never ended"),
     ("12-replay-body-gone", _replay_trusts_the_body_read, 3620, "the metrics count"),
+    ("13-release-without-note", _releases_found_nowhere, 52721, "released 2 times"),
 ]
 
 

@@ -46,6 +46,9 @@ class EventKind:
     # One per micro-batch, no record: ``ends_read`` says how far the end topic has been read,
     # on the coordinator's clock; Spark's event-time watermark carries it to every state key.
     PROGRESS = 3
+    # A half message read again by a new checkpoint's recovery, below where the half topic
+    # ended when it began: a coordinator before it may have released it (sources.journal).
+    HALF_AGAIN = 4
 
 
 class Kind:

@@ -25,18 +25,19 @@ import numpy as np
 import pandas as pd
 
 from txstream.kafka import KafkaSettings
-from txstream.message import MAX_BODY_BYTES, Decision, EndEvent
+from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.refusals import Code
 from txstream.schema import EventKind, EventRow
-from txstream.sinks.replay import released_before, replay_suspected
+from txstream.sinks.replay import released_before, released_earlier, replay_suspected
 from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.sources.events import Malformed, parse_event
 from txstream.spark_worker import settle
 from txstream.state.bucket import Bucket
 from txstream.state.effects import Note
 from txstream.state.policy import Policy
-from txstream.state.transaction import BodyGone, Event
+from txstream.state.timing import anchor
+from txstream.state.transaction import BodyGone, Event, FoundReleased, Status
 from txstream.streaming.engine.key_metrics import Counted, KeyTally
 from txstream.streaming.engine.records import (
     Emit,
@@ -58,7 +59,8 @@ __all__ = ["coordinator_function", "in_replay_order", "ends_read_of"]
 _INPUT = tuple(f for f in EventRow._fields[1:] if f != "ends_read")
 # Recovered outcomes first (a re-read event then finds them), then half messages (an end event
 # in the same batch then finds its half), then end events; progress rows carry nothing to apply.
-_RANK = np.array([1, 2, 0, 3], dtype=np.int8)  # by EventKind: HALF, END, OUTCOME, PROGRESS
+# By EventKind: HALF, END, OUTCOME, PROGRESS, HALF_AGAIN.
+_RANK = np.array([1, 2, 0, 3, 1], dtype=np.int8)
 
 
 def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
@@ -125,6 +127,31 @@ def _not_released_before(kafka: KafkaSettings, bucket: Bucket, gone: dict[str, s
     return {txid: why for txid, why in gone.items() if txid not in released}
 
 
+def _found_released(kafka: KafkaSettings, bucket: Bucket, halves: list[Message], now: int,
+                    policy: Policy, tag: str, ours: str) -> list[FoundReleased]:
+    """The half messages read again (``halves``) whose release a coordinator before this
+    checkpoint wrote though its history does not say so (its last batch died in between):
+    looked for on their real topics, back to the born time less the allowed clock skew, among
+    the records this coordinator wrote under ids this checkpoint did not give (``ours``)
+    (docs/decisions/0029-releases-found.md)."""
+    wanted: dict[str, dict[str, int]] = {}
+    for half in halves:
+        txid = half.transaction_id
+        tx = bucket.get(txid) if txid else None
+        if (not txid or (tx is not None and tx.status is not Status.EARLY_END)
+                or bucket.outcomes.recall(txid, now) is not None):
+            continue  # known here: decided by this checkpoint, or read back from the history
+        stored = half.stored_timestamp if half.stored_timestamp is not None else now
+        since = min(anchor(half, now, policy), stored, now) - policy.max_clock_skew
+        ids = wanted.setdefault(half.topic, {})
+        ids[txid] = min(since, ids.get(txid, since))
+    if not wanted:
+        return []
+    found = released_earlier(kafka, wanted, tag, ours)
+    return [FoundReleased(txid, topic) for topic, ids in sorted(wanted.items())
+            for txid in sorted(ids) if txid in found]
+
+
 def coordinator_function(
     policy: Policy, topics: Topics, kafka: KafkaSettings | None = None,
     max_body: int = MAX_BODY_BYTES, max_record: int = KAFKA_MAX_MESSAGE_BYTES,
@@ -143,9 +170,10 @@ def coordinator_function(
     bodies = BodySource(kafka, topics.half) if kafka is not None else None
 
     def decode_rows(bucket: Bucket, frames: Iterator[pd.DataFrame], now: int,
-                    rows: list[Emit], tally: KeyTally) -> list[Event]:
+                    rows: list[Emit], tally: KeyTally, again: list[Message]) -> list[Event]:
         """The call's events in replay order; a record that is no event becomes its dead
-        letter, a recovered outcome is remembered."""
+        letter, a recovered outcome is remembered; ``again`` gets the half messages a
+        coordinator before this checkpoint may have read."""
         events: list[Event] = []
         for kind, partition, offset, k, v, h, error, stamp in in_replay_order(frames):
             if kind == EventKind.PROGRESS:
@@ -162,6 +190,8 @@ def coordinator_function(
                 tally.count(Counted.DEAD_LETTERS, event.code)
             else:
                 events.append(event)
+                if kind == EventKind.HALF_AGAIN and isinstance(event, Message):
+                    again.append(event)
         return events
 
     def bodies_gone(bucket: Bucket, events: list[Event], now: int, ends_read: int,
@@ -183,6 +213,14 @@ def coordinator_function(
             first_id = record_id(tag, state_key, epoch, bucket.next_number)
             gone = _not_released_before(kafka, bucket, gone, now, first_id)
         return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
+
+    def found_released(bucket: Bucket, again: list[Message], now: int,
+                       state_key: int) -> list[FoundReleased]:
+        if not again or kafka is None:
+            return []
+        epoch = now if bucket.epoch is None else bucket.epoch
+        ours = record_id(tag, state_key, epoch, 0).rsplit(".", 1)[0] + "."
+        return _found_released(kafka, bucket, again, now, policy, tag, ours)
 
     def apply_events(bucket: Bucket, events: list[Event], now: int, rows: list[Emit],
                      notes: list[Note], tally: KeyTally) -> None:
@@ -206,10 +244,13 @@ def coordinator_function(
         notes: list[Note] = []
         tally = KeyTally(now)
         rows: list[Emit] = []
-        events = decode_rows(bucket, frames, now, rows, tally)
-        # A body that is gone is told first: no event or timer then claims to write it.
-        gone: list[Event] = list(bodies_gone(bucket, events, now, ends_read, state_key))
-        apply_events(bucket, gone + events, now, rows, notes, tally)
+        again: list[Message] = []
+        events = decode_rows(bucket, frames, now, rows, tally, again)
+        # A release found and a body gone are told first: no event or timer then claims to
+        # write them.
+        told: list[Event] = [*found_released(bucket, again, now, state_key),
+                             *bodies_gone(bucket, events, now, ends_read, state_key)]
+        apply_events(bucket, told + events, now, rows, notes, tally)
         # Events first: a commit in this batch spares the transaction a check due now.
         # Timers due within the lead run now, as of their deadlines, and the sink holds their
         # records until then: the batch's own run time is then mostly behind them.

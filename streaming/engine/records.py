@@ -71,7 +71,7 @@ def dead_letter_of_record(kind: int, key: Any, value: Any, headers: Any, partiti
                           offset: int, refusal: Malformed, topics: Topics,
                           limit: int = KAFKA_MAX_MESSAGE_BYTES) -> Emit:
     """A record that is no event, written to the dead-letter topic as it was read."""
-    topic = topics.half if kind == EventKind.HALF else topics.end
+    topic = topics.half if kind in (EventKind.HALF, EventKind.HALF_AGAIN) else topics.end
     try:
         original_headers = tuple(unpack_headers(headers))
     except Exception:  # the packed headers are the source's own; keep the reason if not

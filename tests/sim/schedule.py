@@ -198,6 +198,10 @@ class Simulation:
         self.quiet_since = T0
         self.pending_crash: tuple[str, int] | None = None
         self.fresh_at: list[int] = []
+        # Releases written by a crashed batch not replayed yet, and by crashed batches a new
+        # checkpoint replaced before their replay: never counted by the metrics.
+        self.unreplayed = 0
+        self.uncounted = 0
         self.failed_batch: int | None = None
         self.failures = 0
         self.away_spans: list[tuple[str, int, int]] = []
@@ -213,6 +217,9 @@ class Simulation:
         elif fault.kind == "outage":
             self.down_until = now + fault.length
         elif fault.kind == "fresh":
+            # A crashed batch's releases are on their topics, but its counts die with it.
+            self.uncounted += self.unreplayed
+            self.unreplayed = 0
             self.spark.fresh_checkpoint()
             self.fresh_at.append(now)
         elif fault.kind == "broker_down":
@@ -264,9 +271,11 @@ class Simulation:
 
         if at == "writing":
             self.world.broker.on_append = on_append
+        released = self._released()
         try:
             report = self.spark.step(at if at in ("planned", "written") else None)
         except SimCrash:
+            self.unreplayed += self._released() - released
             self.report.faults["crash:" + str(at)] += 1
             self.pending_crash = None
             self.spark.restart()
@@ -280,6 +289,7 @@ class Simulation:
             self.world.broker.on_append = None
         if report is None:
             return  # no batch ran: a crash due waits for one
+        self.unreplayed = 0  # a batch committed: the crashed one's replay, if one crashed
         if at == "writing" and left[0] < appends:
             self.pending_crash = None  # it wrote fewer records than the crash waited for
         elif at != "writing":
@@ -290,6 +300,12 @@ class Simulation:
         self.summaries.extend(report.timers)
         check_step(self.producers.ledger, self.observer.update(), True, self.sc.policy,
                    self.fresh_at)
+
+    def _released(self) -> int:
+        """How many records the real topics hold."""
+        broker = self.world.broker
+        return sum(broker.end_offset(topic, p) for topic in self.real_topics
+                   for p in range(broker.partition_count(topic) or 0))
 
     def _read_backlog(self) -> None:
         """A flood's backlog lasts until the coordinator has read past it: answers written
@@ -342,7 +358,7 @@ class Simulation:
         check_end(world, self.producers.ledger, seen, self.consumer.delivered, sc.policy,
                   self.quiet_since, self.fresh_at)
         check_requests_answered(self.producers, seen, sc.policy, self.fresh_at)
-        check_metrics(seen, self.summaries)
+        check_metrics(seen, self.summaries, self.uncounted)
         self.report.transactions = len(self.producers.ledger.tx)
         self._count_traffic_faults()
         for txid in self.producers.ledger.tx:

@@ -82,6 +82,9 @@ def describe(note: dict[str, Any]) -> str:
             return f"{_decision(note)}{how}: still unknown{count}{remark}"
         case NoteKind.RELEASED if note.get("again"):
             return "half message sent again: released to its real topic"
+        case NoteKind.RELEASED if note.get("found_on"):
+            return (f"found already released on {note['found_on']} by a coordinator before "
+                    "this checkpoint, which had not noted it: not released again")
         case NoteKind.RELEASED:
             return f"{_decision(note)}{how}: released to its real topic{remark}"
         case NoteKind.RELEASE_LOST:

@@ -1,0 +1,60 @@
+"""A partition read backwards from its end, a chunk at a time, as far back as a time: how the
+coordinator looks for records it wrote (a replayed batch's, a predecessor's release, the
+release a console page shows).
+
+How far back: records of one writer lie in the order they were sent, within the skew between
+the clocks of its processes. So once a record of the coordinator's own (``own``) is older than
+``since`` less :data:`SKEW_MARGIN_MS`, nothing it sent after ``since`` lies further back. A
+record of another producer ends the search only once older than :data:`FOREIGN_HORIZON_MS`
+before ``since``: a producer gives up on a record within its delivery timeout (kafka-python:
+120 s), so nothing sent that much earlier can have been appended after ``since``. A search
+that stops too early can only miss a record, never find one that is not there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from txstream.kafka.reading import ConsumerFor, Unreadable, read_range
+
+__all__ = ["SKEW_MARGIN_MS", "FOREIGN_HORIZON_MS", "READ_BACK_CHUNK", "header_text",
+           "read_back"]
+
+# Executors' clocks against the driver's: NTP keeps them within milliseconds. A larger margin
+# only reads more.
+SKEW_MARGIN_MS = 5_000
+FOREIGN_HORIZON_MS = 10 * 60_000
+READ_BACK_CHUNK = 2000  # offsets read per step backwards (and records per poll)
+
+
+def header_text(headers: Iterable[tuple[str, Any]] | None, wanted: str) -> str | None:
+    """The first value of header ``wanted`` as text (None: there is none)."""
+    for name, value in headers or ():
+        if name == wanted and value is not None:
+            return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def _older(rec: Any, own_horizon: int, foreign_horizon: int,
+           own: Callable[[Any], bool]) -> bool:
+    ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp >= 0 else None
+    return ts is not None and ts < (own_horizon if own(rec) else foreign_horizon)
+
+
+def read_back(consumers: ConsumerFor, topic: str, partition: int, end: int, since_ms: int,
+              own: Callable[[Any], bool], stall_s: float, *, floor: int = 0,
+              stop_at_end: bool = False) -> Iterator[list[Any]]:
+    """The records of ``[floor, end)``, newest chunk first (each in offset order), until a
+    chunk holds a record sent before ``since_ms``. A record kafka-python cannot parse is left
+    out: it is nobody's. ``stall_s`` and ``stop_at_end`` as :func:`read_range`'s."""
+    own_horizon, foreign_horizon = since_ms - SKEW_MARGIN_MS, since_ms - FOREIGN_HORIZON_MS
+    while end > floor:
+        start = max(floor, end - READ_BACK_CHUNK)
+        chunk = [rec for rec in read_range(consumers, topic, partition, start, end, stall_s,
+                                           stop_at_end=stop_at_end)
+                 if not isinstance(rec, Unreadable)]
+        yield chunk
+        if any(_older(rec, own_horizon, foreign_horizon, own) for rec in chunk):
+            return
+        end = start
