@@ -203,8 +203,7 @@ def test_history_shows_discards_and_dead_letters(
     coord: Running, capsys: pytest.CaptureFixture[str], unique: str
 ) -> None:
     txid, group = f"{unique}-old", f"{unique}-g"
-    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real",
-                       POLICY.check_max)
+    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real")
     wait_until(lambda: any(n["event"] == "discarded"
                            for n in history_of(coord.kafka, coord.topics, txid)), timeout_s=60)
     produce(coord.kafka, [end_record(coord.topics, txid, "intruder", Decision.COMMIT_MESSAGE)])

@@ -26,7 +26,7 @@ from txstream.streaming.cli.operator_decision import send_decision
 from txstream.topics import Topics
 from txstream.wire import H, Record, encode_half
 
-from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
+from console_helpers import Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import (
     discard_by_answers,
     end_record,
@@ -223,8 +223,7 @@ def test_discards_and_dead_letters_come_with_their_reasons(
     coord: Coordinator, feed: IndexFeed, unique: str
 ) -> None:
     txid, group = f"{unique}-old", f"{unique}-g"
-    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real",
-                       POLICY.check_max)
+    discard_by_answers(coord.kafka, coord.topics, txid, group, f"{unique}-real")
     index = feed.index
     row = feed_until(feed, lambda: (r := index.transaction(txid)) and r.outcome and r)
     produce(coord.kafka, [end_record(coord.topics, txid, "intruder", Decision.COMMIT_MESSAGE)])

@@ -25,7 +25,7 @@ from txstream.kafka import KafkaSettings
 from txstream.streaming.cli.operator_decision import send_decision
 from txstream.wire import Record
 
-from console_helpers import POLICY, Coordinator, produce_unknown, start_console_coordinator
+from console_helpers import Coordinator, produce_unknown, start_console_coordinator
 from kafka_helpers import discard_by_answers, headers_of, produce, read_topic, wait_until
 
 pytestmark = pytest.mark.spark
@@ -201,7 +201,7 @@ def _seed_like(coord: Coordinator, plain: ConsoleServer, admin: ConsoleServer,
         _pending_with_a_check(server, txids[0])
     old = f"{unique}-old"
     # Its own group: nobody else answers its checks; two UNKNOW answers reach check_max.
-    discard_by_answers(coord.kafka, coord.topics, old, f"{unique}-g", topic, POLICY.check_max)
+    discard_by_answers(coord.kafka, coord.topics, old, f"{unique}-g", topic)
     wait_until(lambda: (t := _tx(plain, old)) and t["status"] == "DISCARDED", timeout_s=60)
     return txids, old
 
