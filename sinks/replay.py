@@ -39,7 +39,7 @@ from txstream.wire import H
 __all__ = [
     "replay_suspected",
     "written_ids",
-    "released_before",
+    "written_before",
     "released_earlier",
     "id_tag",
 ]
@@ -77,9 +77,9 @@ def id_tag(record_id: str) -> str:
 
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
                     wanted: set[str], tag: str, since_ms: int, header: str,
-                    counts: Callable[[str], bool]) -> set[str]:
-    """The ``header`` values of ``wanted`` on records of this coordinator (``tag``) whose ids
-    ``counts``, read back from ``end`` to ``since_ms``."""
+                    counts: Callable[[str], bool], keyed: bool) -> set[str]:
+    """The ``header`` values of ``wanted`` (``keyed``: or record keys) on records of this
+    coordinator (``tag``) whose ids ``counts``, read back from ``end`` to ``since_ms``."""
     def own(rec: Any) -> bool:
         rid = header_text(rec.headers, H.RECORD_ID)
         return rid is not None and id_tag(rid) == tag
@@ -93,6 +93,9 @@ def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end:
             value = rid if header == H.RECORD_ID else header_text(rec.headers, header)
             if value is not None and value in wanted:
                 found.add(value)
+            elif keyed and rec.key is not None and (key := bytes(rec.key).decode(
+                    "utf-8", "replace")) in wanted:
+                found.add(key)
         if found >= wanted:
             break
     return found
@@ -109,12 +112,13 @@ def written_ids(
                     H.RECORD_ID)
 
 
-def released_before(
+def written_before(
     settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, first_id: str
 ) -> set[str]:
-    """Which of ``wanted`` ({real topic: transaction ids}) a run of this batch released already:
-    a record for the transaction is on its real topic under an id of this batch's state key,
-    numbered from ``first_id`` on (the ids the key's call takes in this batch)."""
+    """Which of ``wanted`` ({topic: transaction ids}) a run of this batch wrote a record for
+    already: a release on its real topic (its transaction id header), a check request or a
+    discard (keyed by the transaction id), under an id of this batch's state key numbered from
+    ``first_id`` on (the ids the key's call takes in this batch)."""
     wanted = {t: ids for t, ids in wanted.items() if ids}
     if not wanted:
         return set()
@@ -125,7 +129,7 @@ def released_before(
         return head == prefix and number.isdigit() and int(number) >= int(first)
 
     return _written(settings, wanted, batch_ms, id_tag(first_id), H.TRANSACTION_ID,
-                    of_this_batch)
+                    of_this_batch, keyed=True)
 
 
 def released_earlier(settings: KafkaSettings, wanted: Mapping[str, Mapping[str, int]],
@@ -145,7 +149,7 @@ def released_earlier(settings: KafkaSettings, wanted: Mapping[str, Mapping[str, 
 
 def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]],
              since_ms: int | Mapping[str, int], tag: str, header: str,
-             counts: Callable[[str], bool] = lambda rid: True) -> set[str]:
+             counts: Callable[[str], bool] = lambda rid: True, keyed: bool = False) -> set[str]:
     """``header`` values (record ids, or transaction ids) of ``wanted`` found on their topics,
     each topic read back to ``since_ms`` (one time, or one per topic)."""
     probe = EndProbe(settings, role="sink")
@@ -158,7 +162,7 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]],
             for (_, partition), end in sorted(ends.items()):
                 since = since_ms if isinstance(since_ms, int) else since_ms[topic]
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         since, header, counts)
+                                         since, header, counts, keyed)
     finally:
         probe.close()
         consumers.close()

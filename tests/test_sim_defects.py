@@ -31,6 +31,7 @@ from txstream.state.effects import Release
 from txstream.state.lifecycle import Action
 from txstream.state.timing import anchor
 from txstream.state.transaction import Status
+from txstream.topics import Topics
 
 from sim.actors import COMMIT, Producers
 from sim.oracle import Violation
@@ -150,7 +151,22 @@ def _topic_ids_unread(mp: pytest.MonkeyPatch) -> None:
 def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
     """12 (a long run): a replay takes a body gone since its first run at its word, though
     that run released it: the replay emits another verdict than the records already written."""
-    mp.setattr(operator, "_not_released_before", lambda kafka, bucket, gone, now, first: gone)
+    mp.setattr(operator, "_not_written_before",
+               lambda kafka, topics, bucket, gone, now, first: gone)
+
+
+def _replay_looks_for_releases_only(mp: pytest.MonkeyPatch) -> None:
+    """14 (a long run): a replay counts a body gone since its first run as there only when
+    that run released it, not when it sent its check: the replay sends no check, and the
+    producer's answer to the check the first run sent is not counted."""
+    topics, written = Topics.with_prefix("sim_"), operator.written_before
+
+    def releases_only(settings: Any, wanted: Any, batch_ms: int, first_id: str) -> Any:
+        return written(settings, {t: ids for t, ids in wanted.items()
+                                  if not t.startswith(topics.check_prefix)
+                                  and t != topics.discard}, batch_ms, first_id)
+
+    mp.setattr(operator, "written_before", releases_only)
 
 
 def _releases_found_nowhere(mp: pytest.MonkeyPatch) -> None:
@@ -173,6 +189,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("11-recreated-topic", _topic_ids_unread, 3099, "never ended"),
     ("12-replay-body-gone", _replay_trusts_the_body_read, 3620, "the metrics count"),
     ("13-release-without-note", _releases_found_nowhere, 52721, "released 2 times"),
+    ("14-replay-check-body-gone", _replay_looks_for_releases_only, 55538, "was not counted"),
 ]
 
 

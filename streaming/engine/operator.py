@@ -29,7 +29,7 @@ from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.refusals import Code
 from txstream.schema import EventKind, EventRow
-from txstream.sinks.replay import released_before, released_earlier, replay_suspected
+from txstream.sinks.replay import released_earlier, replay_suspected, written_before
 from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.sources.events import Malformed, parse_event
 from txstream.spark_worker import settle
@@ -107,24 +107,27 @@ def _arm(state: Any, bucket: Bucket, now: int, policy: Policy) -> int | None:
     return now + duration  # what Spark arms: the batch's time plus the duration
 
 
-def _not_released_before(kafka: KafkaSettings, bucket: Bucket, gone: dict[str, str],
-                         batch_ms: int, first_id: str) -> dict[str, str]:
-    """The gone bodies whose release a crashed run of this batch did not write already.
+def _not_written_before(kafka: KafkaSettings, topics: Topics, bucket: Bucket,
+                        gone: dict[str, str], batch_ms: int, first_id: str) -> dict[str, str]:
+    """The gone bodies none of whose records a crashed run of this batch wrote already.
 
     A body can vanish between a batch's run and its replay (retention, a re-created half
-    topic). The replay must still emit what the first run emitted, which released it: so a body
-    whose release is on its real topic under one of this batch's record ids (``first_id`` on)
-    counts as there, and the sink, finding that release under its record id, neither writes it
-    again nor needs the body."""
+    topic). The replay must still emit what the first run emitted, which released, checked or
+    discarded it: so a body whose release, check request or discard is on its topic under one
+    of this batch's record ids (``first_id`` on) counts as there, and the sink, finding that
+    record under its record id, neither writes it again nor needs the body."""
     if not replay_suspected():
         return gone
     by_topic: dict[str, set[str]] = {}
     for txid in gone:
         tx = bucket.get(txid)
         if tx is not None and tx.half is not None:
-            by_topic.setdefault(tx.half.topic, set()).add(txid)
-    released = released_before(kafka, by_topic, batch_ms, first_id)
-    return {txid: why for txid, why in gone.items() if txid not in released}
+            for topic in (tx.half.topic, topics.discard,
+                          *([topics.check(tx.half.producer_group)]
+                            if tx.half.producer_group else [])):
+                by_topic.setdefault(topic, set()).add(txid)
+    written = written_before(kafka, by_topic, batch_ms, first_id)
+    return {txid: why for txid, why in gone.items() if txid not in written}
 
 
 def _found_released(kafka: KafkaSettings, bucket: Bucket, halves: list[Message], now: int,
@@ -211,7 +214,7 @@ def coordinator_function(
             # The ids this call will number its records from (take_numbers, below).
             epoch = now if bucket.epoch is None else bucket.epoch
             first_id = record_id(tag, state_key, epoch, bucket.next_number)
-            gone = _not_released_before(kafka, bucket, gone, now, first_id)
+            gone = _not_written_before(kafka, topics, bucket, gone, now, first_id)
         return [BodyGone(txid, reason) for txid, reason in sorted(gone.items())]
 
     def found_released(bucket: Bucket, again: list[Message], now: int,
