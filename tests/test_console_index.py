@@ -33,6 +33,7 @@ from kafka_helpers import (
     half_record,
     now_ms,
     produce,
+    read_topic,
     wait_for,
     wait_until,
 )
@@ -162,6 +163,12 @@ def test_a_catch_up_cut_short_loses_and_repeats_nothing(
     """Every chunk commits with its offset: a failure in the middle of one (its rows written,
     its offset not yet) leaves the index where the last chunk ended, and the next catch-up
     goes on from there."""
+    # Its own traffic, whichever tests ran before it on this worker: six commits, each a half
+    # and a release note at least.
+    tag = uuid.uuid4().hex[:8]
+    produce(coord.kafka, [record for i in range(6) for record in (
+        half_record(coord.topics, f"cut-{tag}-{i}", f"cut-{tag}", f"cut-{tag}-real"),
+        end_record(coord.topics, f"cut-{tag}-{i}", f"cut-{tag}", Decision.COMMIT_MESSAGE))])
     feed_until(feed, lambda: feed.index.counts()["events"] > 10)
     monkeypatch.setattr(feed_module, "_ENTRIES_PER_CHUNK", 1)
     calls = 0
@@ -198,6 +205,12 @@ def test_a_catch_up_cut_short_loses_and_repeats_nothing(
 def test_two_feeds_on_one_file_store_each_event_once(coord: Coordinator, tmp_path: Path
                                                      ) -> None:
     """The console and ``txstream history --index`` may feed one file at the same time."""
+    tag = uuid.uuid4().hex[:8]  # its own traffic, whichever tests ran before it here
+    produce(coord.kafka, [half_record(coord.topics, f"two-{tag}", f"two-{tag}", f"two-{tag}-r"),
+                          end_record(coord.topics, f"two-{tag}", f"two-{tag}",
+                                     Decision.COMMIT_MESSAGE)])
+    wait_for(coord.kafka, f"two-{tag}-r", 1, timeout_s=60)
+    wait_until(lambda: read_topic(coord.kafka, coord.topics.history), timeout_s=60)
     path = tmp_path / "shared.sqlite"
     stats: list[FeedStats] = []
     with Index(path) as one, Index(path) as two, \
