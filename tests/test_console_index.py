@@ -154,7 +154,7 @@ def test_a_restarted_index_resumes_from_its_stored_offsets(
     with Index(MEMORY) as fresh, IndexFeed(fresh, coord.kafka, coord.topics) as feed:
         feed.catch_up()
         # Exactly what one reading from the beginning finds, up to the same offsets.
-        assert resumed == [e for e in _timeline(fresh) if _offset_of(e) < after[_at(e)]]
+        assert resumed == [e for e in _timeline(fresh) if _read_below(after, e)]
 
 
 def test_a_catch_up_cut_short_loses_and_repeats_nothing(
@@ -199,7 +199,7 @@ def test_a_catch_up_cut_short_loses_and_repeats_nothing(
         resumed = _timeline(index)
     with Index(MEMORY) as fresh, IndexFeed(fresh, coord.kafka, coord.topics) as whole:
         whole.catch_up()
-        assert resumed == [e for e in _timeline(fresh) if _offset_of(e) < after[_at(e)]]
+        assert resumed == [e for e in _timeline(fresh) if _read_below(after, e)]
 
 
 def test_two_feeds_on_one_file_store_each_event_once(coord: Coordinator, tmp_path: Path
@@ -229,7 +229,7 @@ def test_two_feeds_on_one_file_store_each_event_once(coord: Coordinator, tmp_pat
         assert sum(s.entries for s in stats) == len(shared) > 0
     with Index(MEMORY) as fresh, IndexFeed(fresh, coord.kafka, coord.topics) as whole:
         whole.catch_up()
-        assert shared == [e for e in _timeline(fresh) if _offset_of(e) < after[_at(e)]]
+        assert shared == [e for e in _timeline(fresh) if _read_below(after, e)]
 
 
 def test_discards_and_dead_letters_come_with_their_reasons(
@@ -360,3 +360,9 @@ def _at(event: tuple[Any, ...]) -> tuple[str, int]:
 
 def _offset_of(event: tuple[Any, ...]) -> int:
     return int(event[5].rsplit("@", 1)[1])
+
+
+def _read_below(offsets: dict[tuple[str, int], int], event: tuple[Any, ...]) -> bool:
+    """Whether an index that stopped at ``offsets`` had read ``event``: a partition it has no
+    offset for had nothing yet when it read (the running query may write there since)."""
+    return _offset_of(event) < offsets.get(_at(event), 0)
