@@ -6,6 +6,11 @@ runs again from the checkpoint. Except a record the broker refuses for what it i
 an invalid or forbidden topic): a replay would be refused again, and one record would stop the
 coordinator for good. Such a record goes to the dead-letter topic as a reference (where it was
 going, its id, size and the broker's reason), and the batch goes on.
+
+The history records go last, once every other record of the task is acknowledged: Kafka
+acknowledges each partition on its own, so a note sent with the release it states could be
+stored while the release is refused (a leader election, too few in-sync replicas), and a new
+checkpoint would then take the note for the release (docs/decisions/0030-notes-after-releases.md).
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ class Delivery:
         self.futures: list[tuple[Prepared, Any]] = []
         self.counts: Counter[str] = Counter()
         self.held: list[tuple[int, int, Prepared]] = []
+        self.notes: list[Prepared] = []  # the history records: sent once the rest is acked
         self.refused: list[tuple[Prepared, BaseException]] = []
 
     def _producer(self) -> Any:
@@ -129,7 +135,9 @@ class Delivery:
         now: list[Prepared] = []
         for prepared in rows:
             row = prepared[0]
-            if row.not_before_ms is not None and wait_ms(row.not_before_ms, row.batch_ms) > 0:
+            if row.kind == Kind.HISTORY:
+                self.notes.append(prepared)
+            elif row.not_before_ms is not None and wait_ms(row.not_before_ms, row.batch_ms) > 0:
                 self.held.append((row.not_before_ms, len(self.held), prepared))
             else:
                 now.append(prepared)
@@ -181,8 +189,20 @@ class Delivery:
 
     def finish(self) -> dict[str, int]:
         """Send what was held, flush; dead-letter what the broker refused for what it is;
-        raise SendFailed unless the broker acknowledged every other record."""
+        raise SendFailed unless the broker acknowledged every other record. Then the same for
+        the history records: a note is never stored before what it states."""
         self._send_held()
+        self._acknowledged()
+        notes, self.notes = self.notes, []
+        if notes:
+            self.futures = []
+            self._send_now(notes)
+            self._acknowledged()
+        return +self.counts
+
+    def _acknowledged(self) -> None:
+        """Flush; raise SendFailed unless every record sent was acknowledged or refused for
+        what it is (then dead-lettered)."""
         self._flush()
         failed = []
         for prepared, future in self.futures:
@@ -204,7 +224,6 @@ class Delivery:
                              f"acknowledged by the broker: {shown}")
         if self.refused:
             self._dead_letter_refused()
-        return +self.counts
 
     def _dead_letter_refused(self) -> None:
         """Each refused record as a reference on the dead-letter topic; raise SendFailed if

@@ -38,11 +38,11 @@ __all__ = ["JOURNAL", "OUTCOME_OF", "Journal", "outcome_rows"]
 JOURNAL = "_journal"
 
 # The history events that end a transaction, and the outcome each one leaves. A lost release
-# was a commit: its half message read again is a duplicate.
+# stays LOST: its commit read again is a duplicate, its half message sent again is released.
 OUTCOME_OF = {NoteKind.RELEASED: Status.COMMITTED.value,
               NoteKind.ROLLED_BACK: Status.ROLLED_BACK.value,
               NoteKind.DISCARDED: Status.DISCARDED.value,
-              NoteKind.RELEASE_LOST: Status.COMMITTED.value}
+              NoteKind.RELEASE_LOST: Status.LOST.value}
 
 
 class Journal:

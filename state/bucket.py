@@ -25,6 +25,7 @@ from typing import Any
 from txstream.state.codec import (
     FORMAT_VERSION,
     MSG_BORN,
+    OUTCOME_STATUS_BITS,
     TX_DEADLINE,
     TX_GROUP,
     TX_HALF,
@@ -115,7 +116,8 @@ class Bucket:
             status, until = outcome
             remembered = Transaction(txid, Status(status), until)
             new, effects = apply(remembered, event, now, policy)
-            assert new is remembered
+            if new is not remembered:  # a lost release's half message sent again: released
+                self._store(txid, new)
             return effects
         new, effects = apply(tx, event, now, policy)
         self._store(txid, new)
@@ -150,9 +152,7 @@ class Bucket:
                 continue  # an outcome waits for its deadline: the key wakes up then
             new, effects = on_timeout(tx, at, policy, ends_read)
             if new is None and tx.status.resolved and (tx.remember_until or 0) > at:
-                # A lost release is remembered as committed: its decision was taken.
-                status = Status.COMMITTED if tx.status is Status.LOST else tx.status
-                self.outcomes.remember(txid, status.value, tx.remember_until or 0)
+                self.outcomes.remember(txid, tx.status.value, tx.remember_until or 0)
             self._store(txid, new)
             if effects:
                 fired.append((at, effects))
@@ -181,8 +181,13 @@ class Bucket:
 
     def recall_outcome(self, transaction_id: str, status: str, until: int, now: int) -> bool:
         """Remember an outcome decided before this state existed (recovered from the history
-        topic by a new checkpoint); False if the transaction is held or already remembered."""
-        if transaction_id in self._held or self.outcomes.recall(transaction_id, now):
+        topic by a new checkpoint); False if the transaction is held or already remembered.
+        A lost release released again since (its half message sent again) is committed,
+        whichever of the two notes is read first."""
+        known = self.outcomes.recall(transaction_id, now)
+        again = (known is not None and known[0] == Status.LOST.value
+                 and status == Status.COMMITTED.value)
+        if transaction_id in self._held or (known is not None and not again):
             return False
         self.outcomes.remember(transaction_id, status, until)
         return True
@@ -265,7 +270,8 @@ class Bucket:
         if not blob:
             return cls()
         state = decode_state(blob)
-        bucket = cls(None, state.epoch, state.next_number, Outcomes.decode(state.outcomes))
+        bits = OUTCOME_STATUS_BITS[state.layout.version]
+        bucket = cls(None, state.epoch, state.next_number, Outcomes.decode(state.outcomes, bits))
         if state.layout.version == FORMAT_VERSION:  # decoded when touched
             bucket._held = {row[TX_ID]: row for row in state.rows}
         else:  # an older layout is converted on the way in

@@ -13,7 +13,7 @@ A field added to ``Message``, ``EndEvent``, ``RawRecord`` or ``Transaction`` nee
 under a new version, the old one kept readable as long as a release wrote it:
 ``tests/test_state_codec.py`` fails until the current layout names every field, and decodes a
 stored sample of every readable version (``tests/data/state/``). No version of txstream has been
-released yet; format 6 is the only one read (docs/decisions/0026-state-formats.md).
+released yet; formats 6 and 7 are read (docs/decisions/0026-state-formats.md).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 from txstream.message import Decision, EndEvent, Message, RawRecord
 from txstream.state.transaction import Status, Transaction
 
-__all__ = ["FORMAT_VERSION", "LAYOUTS", "Layout", "Share", "State", "MSG_BORN", "TX_DEADLINE",
-           "TX_GROUP", "TX_HALF", "TX_ID", "TX_STATUS", "decode_state", "encode_state",
-           "row_of", "sharer", "transaction_of"]
+__all__ = ["FORMAT_VERSION", "LAYOUTS", "OUTCOME_STATUS_BITS", "Layout", "Share", "State",
+           "MSG_BORN", "TX_DEADLINE", "TX_GROUP", "TX_HALF", "TX_ID", "TX_STATUS",
+           "decode_state", "encode_state", "row_of", "sharer", "transaction_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +61,15 @@ FORMAT_6 = Layout(
     raw_record=("partition", "offset", "key", "value", "headers"),
 )
 
-FORMAT_VERSION = 6
-LAYOUTS: dict[int, Layout] = {6: FORMAT_6}
+# 7: the outcomes of transactions that left the state keep their status in three bits, not
+#    two: a lost release is remembered as LOST (its half message sent again is released).
+FORMAT_7 = Layout(7, FORMAT_6.bucket, FORMAT_6.transaction, FORMAT_6.message,
+                  FORMAT_6.end_event, FORMAT_6.raw_record)
+
+FORMAT_VERSION = 7
+LAYOUTS: dict[int, Layout] = {6: FORMAT_6, 7: FORMAT_7}
+# The bits of an outcome's status, by format (txstream.state.outcomes).
+OUTCOME_STATUS_BITS = {6: 2, 7: 3}
 _CURRENT = LAYOUTS[FORMAT_VERSION]
 
 # Where the bucket reads a held row without decoding it (the current layout's positions).

@@ -29,13 +29,17 @@ class RequestCheck:
 
     ``late_ms``: how long after the check was due it was asked (timer precision).
     ``valid_until``: when the next check of the transaction is due; a producer does not
-    answer this one after that (it has been superseded).
+    answer this one after that (it has been superseded). ``life``: when the coordinator
+    registered the half message: a new checkpoint, or the id sent again as a new transaction,
+    registers it later and numbers its checks from 1 again, so a producer orders checks by
+    (life, number).
     """
 
     message: Message
     check_times: int
     late_ms: int = 0
     valid_until: int | None = None
+    life: int | None = None
 
 
 class DiscardCause:

@@ -425,7 +425,8 @@ def _check_or_discard(tx: Transaction, now: int, policy: Policy) -> _Result:
     )
     late = now - tx.next_check
     return new, [
-        RequestCheck(half, number, late, valid_until=next_check),
+        RequestCheck(half, number, late, valid_until=next_check,
+                     life=registered_at(tx, policy)),
         _note(tx.transaction_id, NoteKind.CHECK_SENT, now, check=number, late_ms=late,
               next_check=next_check),
     ]

@@ -19,11 +19,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Outcomes", "OUTCOME_CODES"]
+__all__ = ["Outcomes", "OUTCOME_BITS", "OUTCOME_CODES"]
 
-# The resolved statuses, by their code in the low two bits (0 is not a status).
-OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED")
+# The resolved statuses, by their code in the low bits (0 is not a status). Three bits: room
+# for three more resolved statuses before the next state format.
+OUTCOME_BITS = 3
+OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST")
 _CODE = {name: code for code, name in enumerate(OUTCOME_CODES) if name}
+_MASK = (1 << OUTCOME_BITS) - 1
 
 
 def _digest(transaction_id: str) -> int:
@@ -57,7 +60,7 @@ class Outcomes:
     __hash__ = None  # type: ignore[assignment]
 
     def remember(self, transaction_id: str, status: str, until: int) -> None:
-        self._recent[_digest(transaction_id)] = until << 2 | _CODE[status]
+        self._recent[_digest(transaction_id)] = until << OUTCOME_BITS | _CODE[status]
 
     def recall(self, transaction_id: str, now: int) -> tuple[str, int] | None:
         """The status and until of ``transaction_id`` if it is remembered at ``now``."""
@@ -68,31 +71,37 @@ class Outcomes:
             if i == len(self._keys) or int(self._keys[i]) != digest:
                 return None
             value = int(self._values[i])
-        until = value >> 2
-        return (OUTCOME_CODES[value & 3], until) if until > now else None
+        until = value >> OUTCOME_BITS
+        return (OUTCOME_CODES[value & _MASK], until) if until > now else None
 
     def forget_expired(self, now: int) -> None:
         self._merge()
-        alive = (self._values >> 2) > now
+        alive = (self._values >> OUTCOME_BITS) > now
         if not alive.all():
             self._keys, self._values = self._keys[alive], self._values[alive]
 
     def last_until(self) -> int | None:
         """When the last outcome expires (None: none kept)."""
         self._merge()
-        return int((self._values >> 2).max()) if len(self._values) else None
+        return int((self._values >> OUTCOME_BITS).max()) if len(self._values) else None
 
     def encode(self) -> tuple[bytes, bytes] | None:
         self._merge()
         return (self._keys.tobytes(), self._values.tobytes()) if len(self._keys) else None
 
     @classmethod
-    def decode(cls, encoded: Any) -> Outcomes:
+    def decode(cls, encoded: Any, bits: int = OUTCOME_BITS) -> Outcomes:
+        """``encoded`` as :meth:`encode` gave it, its statuses in the low ``bits`` (a state
+        format before 7 wrote two)."""
         outcomes = cls()
         if encoded:
             keys, values = encoded
             outcomes._keys = np.frombuffer(keys, dtype=np.int64)
-            outcomes._values = np.frombuffer(values, dtype=np.int64)
+            values = np.frombuffer(values, dtype=np.int64)
+            if bits != OUTCOME_BITS:
+                low = (1 << bits) - 1
+                values = (values >> bits) << OUTCOME_BITS | (values & low)
+            outcomes._values = values
         return outcomes
 
     def _merge(self) -> None:

@@ -83,8 +83,8 @@ def test_the_outcomes_of_the_history_become_rows_for_their_transactions() -> Non
     rows = list(outcome_rows(records, layout))
     assert [(bytes(r.key).decode(), bytes(r.value).decode()) for r in rows] == [
         ("tx-a", "COMMITTED"), ("tx-b", "ROLLED_BACK"), ("tx-c", "DISCARDED"),
-        ("tx-d", "COMMITTED")]
+        ("tx-d", "LOST")]
     assert {r.kind for r in rows} == {EventKind.OUTCOME}
     assert [r.state_key for r in rows] == [state_key(t, layout) for t in "abcd" for t in
                                            [f"tx-{t}"]]
-    assert set(OUTCOME_OF.values()) == {"COMMITTED", "ROLLED_BACK", "DISCARDED"}
+    assert set(OUTCOME_OF.values()) == {"COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST"}

@@ -19,7 +19,7 @@ import pytest
 from txstream.message import Decision, EndEvent, Message, RawRecord
 from txstream.state.bucket import Bucket
 from txstream.state.codec import FORMAT_VERSION, LAYOUTS, Layout, transaction_of
-from txstream.state.outcomes import Outcomes
+from txstream.state.outcomes import OUTCOME_CODES, Outcomes
 from txstream.state.policy import Policy
 from txstream.state.transaction import Status, Transaction
 
@@ -56,23 +56,34 @@ def sample_bucket() -> Bucket:
         Transaction("tx-lost", Status.LOST, T0 + 120_003, "G", lost,
                     remember_until=T0 + 72 * HOUR, body_gone="is no longer in the topic"),
     ]
-    outcomes = Outcomes()
-    outcomes.remember("tx-gone", "COMMITTED", T0 + HOUR)
-    outcomes.remember("tx-gone-too", "DISCARDED", T0 + 2 * HOUR)
     return Bucket({tx.transaction_id: tx for tx in transactions}, epoch=T0, next_number=7,
-                  outcomes=outcomes)
+                  outcomes=_outcomes(OUTCOME_CODES[1:]))
+
+
+def _outcomes(statuses: tuple[str, ...]) -> Outcomes:
+    """One remembered outcome of each of ``statuses``."""
+    outcomes = Outcomes()
+    for i, status in enumerate(statuses):
+        outcomes.remember(f"tx-gone-{status.lower()}", status, T0 + (i + 1) * HOUR)
+    return outcomes
 
 
 def meant(version: int) -> Bucket:
-    """What a sample of ``version`` stands for in today's classes. Format 6: the sample, with
-    the bodies of the half messages that know where they lie left to be read back."""
-    assert version == 6, "a new readable version says here what its sample means"
+    """What a sample of ``version`` stands for in today's classes: the sample, with the
+    bodies of the half messages that know where they lie left to be read back. Format 6 held
+    two outcomes then, in two bits of status."""
+    assert version in (6, 7), "a new readable version says here what its sample means"
     sample = sample_bucket()
     transactions = {
         txid: dataclasses.replace(tx, half=dataclasses.replace(tx.half, body=None))
         if tx.half is not None and tx.half.queue_id is not None else tx
         for txid, tx in sample.transactions.items()}
-    return Bucket(transactions, sample.epoch, sample.next_number, sample.outcomes)
+    outcomes = sample.outcomes
+    if version == 6:  # what the sample held then
+        outcomes = Outcomes()
+        outcomes.remember("tx-gone", "COMMITTED", T0 + HOUR)
+        outcomes.remember("tx-gone-too", "DISCARDED", T0 + 2 * HOUR)
+    return Bucket(transactions, sample.epoch, sample.next_number, outcomes)
 
 
 def contents(bucket: Bucket) -> tuple[Any, ...]:
@@ -121,6 +132,9 @@ def test_the_sample_sets_every_field_to_a_value_of_its_own(cls: type) -> None:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         assert any(getattr(o, f.name) != default for o in instances), f"{cls.__name__}.{f.name}"
     assert {tx.status for tx in sample_bucket().transactions.values()} == set(Status)
+    # And every resolved status is remembered once it left the state.
+    assert {sample_bucket().outcomes.recall(f"tx-gone-{s.value.lower()}", T0) is not None
+            for s in Status if s.resolved} == {True}
 
 
 def test_a_blob_of_the_current_code_decodes_to_the_same_bucket() -> None:

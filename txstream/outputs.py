@@ -93,18 +93,29 @@ class CheckRequest(NamedTuple):
     # When the next check of the transaction is due (coordinator's clock, ms): after that this
     # one is superseded. None from a request that does not say.
     valid_until: int | None
+    # When the coordinator registered the half message (ms): a later registration (a new
+    # checkpoint, the id sent again) numbers its checks from 1 again. None: not said.
+    life: int | None = None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Where the request stands among its transaction's: by life, then by number."""
+        return (self.life or 0, self.check_times)
 
 
 def encode_check(
-    msg: Message, check_times: int, topics: Topics, valid_until: int | None = None
+    msg: Message, check_times: int, topics: Topics, valid_until: int | None = None,
+    life: int | None = None,
 ) -> Record:
     """A back-check request, on the check topic of the message's producer group: the half
-    message (key, body, its headers written anew in a fixed order), the check's number and until
-    when it holds."""
+    message (key, body, its headers written anew in a fixed order), the check's number, until
+    when it holds and which registration of the transaction it is of."""
     assert msg.transaction_id and msg.producer_group
     headers = [*half_headers(msg), (H.CHECK_TIMES, utf8(str(check_times)))]
     if valid_until is not None:
         headers.append((H.CHECK_VALID_UNTIL, utf8(str(valid_until))))
+    if life is not None:
+        headers.append((H.CHECK_LIFE, utf8(str(life))))
     return Record(
         topics.check(msg.producer_group), utf8(msg.transaction_id), msg.body, tuple(headers)
     )
@@ -127,7 +138,8 @@ def decode_check(
     msg = message_from(key, body_bytes(value), h, topic)
     msg.properties.update({name: h[name] for name in _CHECK_PROPERTIES if h.get(name)})
     msg.properties.setdefault(H.UNIQ_KEY, msg.msg_id or "")
-    return CheckRequest(msg, check_times, int_header(h, H.CHECK_VALID_UNTIL))
+    return CheckRequest(msg, check_times, int_header(h, H.CHECK_VALID_UNTIL),
+                        int_header(h, H.CHECK_LIFE))
 
 
 def encode_visible(msg: Message) -> Record:

@@ -73,6 +73,9 @@ class H:
     CHECK_IMMUNITY = CHECK_IMMUNITY_PROPERTY
     CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
     CHECK_VALID_UNTIL = "CHECK_VALID_UNTIL"
+    # Which registration of the transaction a check request is of (the coordinator's time of
+    # it, ms): checks are ordered by (life, TRANSACTION_CHECK_TIMES).
+    CHECK_LIFE = "TXSTREAM_CHECK_LIFE"
     COMMIT_OR_ROLLBACK = "COMMIT_OR_ROLLBACK"
     FROM_CHECK = "FROM_TRANSACTION_CHECK"
     REMARK = "REMARK"

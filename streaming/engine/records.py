@@ -147,7 +147,8 @@ def records_for(
             yield Emit(Kind.VISIBLE, encode_visible(effect.message), not_before,
                        body_at(effect.message))
         elif isinstance(effect, RequestCheck):
-            record = encode_check(effect.message, effect.check_times, topics, effect.valid_until)
+            record = encode_check(effect.message, effect.check_times, topics, effect.valid_until,
+                                  effect.life)
             yield Emit(Kind.CHECK, record, not_before, body_at(effect.message))
         elif isinstance(effect, Discard):
             record = encode_discard(effect.message, effect.reason, effect.check_times, topics)

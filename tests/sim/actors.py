@@ -29,7 +29,7 @@ from txstream.errors import MalformedRecord
 from txstream.message import Decision, EndEvent, Message
 from txstream.outputs import decode_check
 from txstream.topics import Topics
-from txstream.wire import encode_end, encode_half
+from txstream.wire import H, encode_end, encode_half
 
 __all__ = ["Ledger", "TxTruth", "TxPlan", "Producers", "Consumer"]
 
@@ -84,7 +84,7 @@ class Producers:
     """Every producer application, by group."""
 
     def __init__(self, world: Any, plans: list[TxPlan], rng: random.Random,
-                 skews: dict[str, int], grace_ms: int) -> None:
+                 skews: dict[str, int], grace_ms: int, resend_lost_after: int = 0) -> None:
         self.world = world
         self.rng = rng
         self.ledger = Ledger()
@@ -94,12 +94,17 @@ class Producers:
         self.choice = {g: CheckChoice(grace_ms) for g in skews}
         self.positions: dict[tuple[str, int], int] = {}
         self.later: list[tuple[int, int, Any]] = []  # (at, seq, action)
-        # Check requests a group read: the highest number per transaction, those answered,
-        # and those skipped (when read), for the oracle.
-        self.requested: dict[tuple[str, str], int] = {}
-        self.answered: set[tuple[str, str, int]] = set()
-        self.skipped: list[tuple[str, str, int, int]] = []
+        # Check requests a group read: the latest (life, number) per transaction, those
+        # answered, and those skipped (when read), for the oracle.
+        self.requested: dict[tuple[str, str], tuple[int, int]] = {}
+        self.answered: set[tuple[str, str, tuple[int, int]]] = set()
+        self.skipped: list[tuple[str, str, tuple[int, int], int]] = []
         self.late_answers = 0  # answers given a while after their request was read
+        # An application that sends a half message again this long after it read that its
+        # release was lost (a HALF_MESSAGE_LOST dead letter keyed by its id; 0: never).
+        self.resend_lost_after = resend_lost_after
+        self._halves: dict[str, Any] = {}  # txid -> its half record, to send again
+        self._dead_letters: dict[tuple[str, int], int] = {}
         self._seq = 0
         self._ids = 0
 
@@ -138,6 +143,20 @@ class Producers:
             action()
         for group in self.skews:
             self._answer_checks(group)
+        if self.resend_lost_after:
+            self._resend_lost()
+
+    def _resend_lost(self) -> None:
+        if self.world.broker_down:
+            return
+        for records in self.world.read_new(self.topics.dead_letter, self._dead_letters).values():
+            for rec in records:
+                code = dict(rec.headers).get(H.DLQ_CODE)
+                truth = self.ledger.tx.get(bytes(rec.key or b"").decode("utf-8", "replace"))
+                if code == b"HALF_MESSAGE_LOST" and truth is not None and truth.decision:
+                    half = self._halves[truth.txid]
+                    self._at(self.world.now + self.resend_lost_after,
+                             lambda t=truth, h=half: self._copy(t, h))
 
     def _send(self, plan: TxPlan) -> None:
         txid = self._txid()
@@ -147,6 +166,7 @@ class Producers:
                       keys=plan.business_key, transaction_id=txid, msg_id=txid,
                       producer_group=plan.group, born_timestamp=self._clock(plan.group))
         half = encode_half(msg, self.topics)
+        self._halves[txid] = half
         if self.world.broker_down:
             self._retry_later(plan, "SendFailed")  # not stored: the application tries again
             return
@@ -222,14 +242,14 @@ class Producers:
                 if f.request is None or not f.request.message.transaction_id:
                     continue
                 key = (group, f.request.message.transaction_id)
-                self.requested[key] = max(self.requested.get(key, 0), f.request.check_times)
+                self.requested[key] = max(self.requested.get(key, (0, 0)), _which(f.request))
                 if i not in chosen:
-                    self.skipped.append((*key, f.request.check_times, self.world.now))
+                    self.skipped.append((*key, _which(f.request), self.world.now))
             for i in sorted(chosen):
                 req = fetched[i].request
                 assert req is not None
                 txid = req.message.transaction_id or ""
-                self.answered.add((group, txid, req.check_times))
+                self.answered.add((group, txid, _which(req)))
                 delay = self.rng.choice((0, 0, 50, 300, 900, 2500))  # may race the next check
                 self.late_answers += delay >= 300
                 self._at(self.world.now + delay, lambda t=txid, n=req.check_times:
@@ -246,6 +266,11 @@ class Producers:
         else:
             decision = UNKNOW
         self._write_end(truth, decision, check)
+
+
+def _which(request: Any) -> tuple[int, int]:
+    """Which check a request is, as the coordinator wrote it: (life, number)."""
+    return (request.life or 0, request.check_times)
 
 
 class Consumer:
@@ -266,6 +291,8 @@ class Consumer:
         for topic in self.topics:
             for records in self.world.read_new(topic, self.positions).values():
                 for rec in records:
+                    if not any(name == H.TRANSACTION_ID for name, _ in rec.headers):
+                        continue  # another writer's record: not a message of this run's
                     msg = decode(rec, False)
                     if msg.msg_id in self.dedup:
                         continue

@@ -82,9 +82,11 @@ class Observer:
         for topic in self.real_topics:
             for rec in self._new(topic):
                 h = header_dict(rec.headers)
-                txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY) or ""
-                seen.released.setdefault(txid, []).append(rec)
-                seen.changed.add(txid)
+                txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY)
+                if txid is None and H.RECORD_ID not in h:
+                    continue  # another writer's record (the fault "foreign")
+                seen.released.setdefault(txid or "", []).append(rec)
+                seen.changed.add(txid or "")
         for rec in self._new(topics.history):
             for note in decode_history(rec.value, rec.key):
                 seen.notes.setdefault(str(note["transaction_id"]), []).append(note)
@@ -128,13 +130,14 @@ def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any,
     seen.changed = set()
     for txid in changed & set(seen.released):
         records = seen.released[txid]
-        lives = _lives(seen.notes.get(txid, []), policy, fresh_at or [])
-        if len(records) > max(1, sum(1 for life in lives
-                                     if any(n["event"] == "released" for n in life))):
-            _fail(1, txid, f"released {len(records)} times")
         truth = ledger.tx.get(txid)
         if truth is None or not any(d is COMMIT for _, d, _ in truth.ends):
             _fail(2, txid, "released without a commit written by its producer")
+        assert truth is not None
+        lives = _id_lives(seen.notes.get(txid, []), policy, fresh_at or [], truth.halves)
+        if len(records) > max(1, sum(1 for life in lives
+                                     if any(n["event"] == "released" for n in life))):
+            _fail(1, txid, f"released {len(records)} times")
     for key, txids in ledger.by_key.items():
         if sum(1 for t in txids if t in seen.released) > 1:
             _fail(1, key, f"one business operation released twice: {txids}")
@@ -225,6 +228,32 @@ def _lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int]
     return lives
 
 
+def _id_lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int],
+              copies: list[tuple[int, int, int]]) -> list[list[dict[str, Any]]]:
+    """The notes of a transaction id cut where the id starts a new transaction: registered
+    again once its outcome may be forgotten, from a copy of its half message written since.
+    A new checkpoint is no new life: its recovery remembers every outcome the history holds,
+    for the reserved time from then, and a copy that lay below its boundary must meet that
+    outcome (decisions 0023, 0029). ``copies``: (written at, partition, offset) of every half
+    record of the id."""
+    lives: list[list[dict[str, Any]]] = [[]]
+    ended_at: int | None = None
+    for note in notes:
+        at = int(note["at"])
+        if note.get("event") == "half" and ended_at is not None:
+            recovered = [t for t in fresh_at if t <= at]
+            remembered = max([ended_at, *(t for t in recovered if t > ended_at)])
+            boundary = max([ended_at, *recovered])
+            if at >= remembered + policy.reserved_time and any(
+                    boundary < written <= at for written, _, _ in copies):
+                lives.append([])
+                ended_at = None
+        lives[-1].append(note)
+        if note.get("event") in _ENDINGS:
+            ended_at = at
+    return lives
+
+
 def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any,
                      fresh_at: list[int]) -> None:
     """A transaction ends once in a life (a lost release may be released again, once; a
@@ -253,15 +282,12 @@ def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any,
 def check_requests_answered(producers: Any, seen: Observed, policy: Any,
                             fresh_at: list[int]) -> None:
     """A check request its group read, the latest of its pending transaction, is answered:
-    what the client skips is only what the coordinator would not count. (Not judged for the
-    same id sent again as a new transaction: the client remembers the numbers it answered.)"""
+    what the client skips is only what the coordinator would not count, in every life of the
+    transaction (a new checkpoint, the id sent again: checks numbered from 1 again)."""
     for group, txid, n, at in producers.skipped:
-        lives = _lives(seen.notes.get(txid, []), policy, fresh_at)
-        if len(lives) > 1 and at >= _life_start(lives[1]):
-            continue
         if (group, txid, n) in producers.answered:
             continue  # a copy read again of one answered already
-        if producers.requested.get((group, txid), 0) > n:
+        if producers.requested.get((group, txid), (0, 0)) > n:
             continue  # a later request of the same transaction came: that one counts
         ended = seen.ended(txid)
         if ended is not None and int(ended["at"]) <= at:
@@ -306,8 +332,8 @@ def check_dead_letters(world: Any, seen: Observed) -> None:
         if offset < 0 or topic not in (world.topics.half, world.topics.end):
             continue
         original = world.record_at(topic, partition, offset)
-        if original is None:
-            continue  # gone since (retention, a re-created topic)
+        if original is None or (world.recreated and topic == world.topics.half):
+            continue  # gone since (retention, a re-created topic: another record there now)
         kept = [(k, v) for k, v in rec.headers if not k.startswith("DLQ_")
                 and k != H.RECORD_ID]
         if (rec.key, rec.value, kept) != (original.key, original.value,
@@ -362,11 +388,31 @@ def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, i
         if event == "released" and delivered.get(txid) != 1:
             _fail(1, txid, f"released, delivered {delivered.get(txid, 0)} times")
         _check_timely(world, truth, seen, ended, policy, quiet_since)
+        _check_lost_sent_again(world, truth, seen.notes.get(txid, []), policy)
+
+
+def _check_lost_sent_again(world: Any, truth: Any, notes: list[dict[str, Any]],
+                           policy: Any) -> None:
+    """A lost release's half message sent again while the loss is remembered (the reserved
+    time) is released, whatever checkpoint reads it (docs/semantics.md)."""
+    for lost in (n for n in notes if n.get("event") == "release_lost"):
+        at = int(lost["at"])
+        copies = [(w, p, o) for w, p, o in truth.halves
+                  if at < w < at + policy.reserved_time - world.slack_ms
+                  and world.record_at(world.topics.half, p, o) is not None]
+        if copies and not any(n.get("event") == "released" and int(n["at"]) > at
+                              for n in notes):
+            _fail(1, truth.txid, f"its release was lost at {at}; its half message sent again "
+                                 f"at {copies[0][0]} was never released")
 
 
 def _check_timely(world: Any, truth: Any, seen: Observed, ended: dict[str, Any], policy: Any,
                   quiet_since: int) -> None:
-    seen_at = seen.seen_at(truth.txid)
+    # Judged from its latest registration before it ended: a new checkpoint registers a
+    # pending transaction again, and from then on it is held to the same time.
+    registered = [int(n["at"]) for n in seen.notes.get(truth.txid, ())
+                  if n.get("event") == "half" and int(n["at"]) <= int(ended["at"])]
+    seen_at = max(registered, default=None)
     if seen_at is None or seen_at < quiet_since:
         return  # its life crossed an outage or an absence: it only had to end
     limit = seen_at + policy.reserved_time + policy.check_interval + world.slack_ms

@@ -7,7 +7,9 @@ messages, producers dying between the two, sends in doubt, skewed producer clock
 consumer's quirks (fetches in flight, answers of fetches sent earlier) and the faults: crashes
 before, during or after a batch's writes; an outage of the coordinator, longer than the reserved
 time or not, then catch-up; a new checkpoint over the topics; the broker down; a group away;
-bodies deleted by the half topic's retention; the half topic re-created.
+bodies deleted by the half topic's retention; the half topic re-created; one partition of a
+real, history or check topic refusing writes for a while as the others take them (a leader
+election, too few in-sync replicas), a new checkpoint sometimes starting meanwhile.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import txstream.kafka.read_back as read_back
 from txstream.errors import TxStreamError
+from txstream.kafka.read_back import READ_BACK_CHUNK
 from txstream.message import Decision, EndEvent
 from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
@@ -44,7 +48,13 @@ from sim.world import T0, World
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
 
 COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, Decision.UNKNOW
-FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate", "flood")
+# The faults a seed draws from its main stream, and those drawn from a stream of their own
+# (``_later_faults``), so that adding one leaves every other seed's schedule as it was and
+# the seeds that caught a defect (tests/test_sim_defects.py) keep catching it.
+_MAIN_FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate",
+                "flood")
+_LATER_FAULTS = ("refuse", "foreign", "resend")
+FAULTS = _MAIN_FAULTS + _LATER_FAULTS
 _CRASH_POINTS = ("planned", "writing", "written")
 
 
@@ -69,6 +79,9 @@ class Scenario:
     in_flight: float
     pipelined: float
     like_tansu: bool
+    # Offsets read per step backwards (txstream.kafka.read_back): a few, where other writers'
+    # records must take several steps.
+    read_back_chunk: int = READ_BACK_CHUNK
 
 
 @dataclass
@@ -141,6 +154,49 @@ def _faults(rng: random.Random, traffic_ms: int, policy: Policy, groups: list[st
     return sorted(faults, key=lambda f: f.at)
 
 
+def _later_faults(rng: random.Random, traffic_ms: int, kinds: tuple[str, ...]
+                  ) -> list[Fault]:
+    faults = []
+    if "refuse" in kinds and rng.random() < 0.2:
+        at, length = rng.randrange(traffic_ms), rng.choice((500, 2000, 5000))
+        target = rng.choice(("real", "real", "real", "history", "check"))
+        # One partition, or all of one topic's (the others' topics take writes).
+        faults.append(Fault(at, "refuse", length, (target, rng.choice((0, 1, None)))))
+        if rng.random() < 0.5:  # a new checkpoint before the refused batch is replayed
+            faults.append(Fault(at + rng.randrange(length), "fresh"))
+    if "crash" in kinds and "fresh" in kinds and rng.random() < 0.1:
+        # A batch dies as it writes, and a new checkpoint replaces the old one before the
+        # batch runs again: what it wrote is all a successor can know of it (0029).
+        faults.append(Fault(rng.randrange(traffic_ms), "crash",
+                            arg=(rng.choice(("writing", "written")), rng.randrange(1, 6),
+                                 "fresh")))
+    if "recreate" in kinds and "outage" in kinds and rng.random() < 0.1:
+        # The half topic deleted and created again while the coordinator is away, and written
+        # past where the checkpoint read it before it looks: only its id tells (KIP-516).
+        at, length = rng.randrange(traffic_ms), rng.choice((2000, 5000))
+        faults += [Fault(at, "outage", length), Fault(at + 100, "recreate", arg=2),
+                   Fault(at + length - 50, "filler")]
+    if "resend" in kinds and rng.random() < 0.15:
+        # Bodies lost (retention) and, sometimes, a new checkpoint; the application sends a
+        # half message again once it reads that its release was lost (Scenario.resend_lost).
+        faults.append(Fault(rng.randrange(traffic_ms), "retention"))
+        if rng.random() < 0.6:
+            faults.append(Fault(rng.randrange(traffic_ms), "fresh"))
+        faults.append(Fault(0, "resend", arg=rng.choice((300, 2000))))
+    if "foreign" in kinds and rng.random() < 0.2:
+        # Another writer on a real topic, its timestamps anything (event time, a mirror, a
+        # clock a day behind or ahead): as many records as a few read-back chunks.
+        for _ in range(rng.choice((1, 2, 3))):
+            skew = rng.choice((-86_400_000, -3_600_000, -600_001, 0, 86_400_000))
+            at, after_crash = rng.randrange(traffic_ms), rng.random() < 0.5
+            if after_crash:  # written between a crashed batch and its replay
+                faults.append(Fault(at, "crash", arg=(rng.choice(("writing", "written")),
+                                                      rng.randrange(1, 6))))
+            faults.append(Fault(at, "foreign", arg=(rng.choice((5, 20, 60)), skew,
+                                                    after_crash)))
+    return faults
+
+
 def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
     rng = random.Random(seed)
     policy = _policy(rng)
@@ -148,19 +204,26 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
     traffic_ms = rng.choice((4000, 8000, 15_000))
     skews = {g: rng.choice((0, 0, 0, 800, -3000, -100 * 3600_000, 365 * 86_400_000))
              for g in groups}
-    return Scenario(
+    main = tuple(k for k in kinds if k in _MAIN_FAULTS)
+    sc = Scenario(
         seed=seed, policy=policy,
         layout=KeyLayout(window_ms=rng.choice((500, 2000)), shards=rng.choice((1, 2)),
                          partitions=2),
         max_offsets=rng.choice((None, None, 3, 7, 20)),
         plans=_plans(rng, groups, traffic_ms, rng.randrange(2, 9), policy),
         skews=skews,
-        faults=_faults(rng, traffic_ms, policy, groups, kinds) if kinds else [],
+        faults=_faults(rng, traffic_ms, policy, groups, main) if main else [],
         traffic_ms=traffic_ms,
         in_flight=rng.choice((0.0, 0.3, 0.6)),
         pipelined=rng.choice((0.0, 0.3, 0.6)),
         like_tansu=rng.random() < 0.5,
     )
+    later = _later_faults(random.Random(seed ^ 0x1A7E), traffic_ms, kinds)
+    if later:
+        sc.faults = sorted(sc.faults + later, key=lambda f: f.at)
+    if any(f.kind == "foreign" for f in later):
+        sc.read_back_chunk = random.Random(seed ^ 0xC4).choice((5, 16, 2000))
+    return sc
 
 
 class Simulation:
@@ -195,8 +258,10 @@ class Simulation:
         self.summaries: list[bytes] = []
         self.down_until = 0  # the coordinator is down until then
         self.broker_until = 0
+        self.refusing_until = 0  # a partition refuses writes until then
+        self.foreign_after_crash: list[tuple[int, int, bool]] = []  # written at the next crash
         self.quiet_since = T0
-        self.pending_crash: tuple[str, int] | None = None
+        self.pending_crash: tuple[Any, ...] | None = None
         self.fresh_at: list[int] = []
         # Releases written by a crashed batch not replayed yet, and by crashed batches a new
         # checkpoint replaced before their replay: never counted by the metrics.
@@ -247,11 +312,40 @@ class Simulation:
             topic = world.topics.end
             self.backlog = {p: world.broker.end_offset(topic, p)
                             for p in range(world.broker.partition_count(topic) or 0)}
+        elif fault.kind == "refuse":
+            target, partition = fault.arg
+            topic = {"real": self.rng.choice(self.real_topics), "history": world.topics.history,
+                     "check": world.topics.check(self.rng.choice(sorted(self.sc.skews)))}[target]
+            for p in range(4) if partition is None else (partition,):
+                world.broker.refuse_appends(topic, p, now + fault.length)
+            self.refusing_until = max(self.refusing_until, now + fault.length)
+        elif fault.kind == "resend":
+            self.producers.resend_lost_after = fault.arg
+        elif fault.kind == "foreign":
+            if fault.arg[2]:
+                self.foreign_after_crash.append(fault.arg)
+            else:
+                self._foreign(fault.arg)
         elif fault.kind == "recreate":
             world.broker.delete_topic(world.topics.half)
-            world.broker.create_topic(world.topics.half, 1)
+            world.broker.create_topic(world.topics.half, fault.arg or 1)
             world.recreated = True
+        elif fault.kind == "filler":
+            # Other producers' records (unreadable as half messages: dead-lettered) until
+            # each half partition ends past where the checkpoint read it.
+            read = self.spark.read_to(world.topics.half)
+            for p in range(world.broker.partition_count(world.topics.half) or 0):
+                while world.broker.end_offset(world.topics.half, p) <= read.get(p, 0):
+                    world.broker.append(world.topics.half, None, b"filler", partition=p)
         self.quiet_since = max(self.quiet_since, now + fault.length)
+
+    def _foreign(self, arg: tuple[int, int, bool]) -> None:
+        """Another writer's records on a real topic, stamped ``skew`` off the true time."""
+        count, skew, _ = arg
+        topic = self.rng.choice(self.real_topics)
+        for i in range(count):
+            self.world.broker.append(topic, f"foreign-{i}".encode(), b"not txstream's",
+                                     [("source", b"mirror")], timestamp=self.world.now + skew)
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -261,7 +355,7 @@ class Simulation:
         # on the end offsets; what it does past its read timeout is not this simulation's).
         if now < self.down_until or self.world.broker_down:
             return
-        at, appends = self.pending_crash or (None, 0)
+        at, appends, *then = self.pending_crash or (None, 0)
         left = [appends]
 
         def on_append(topic: str, partition: int, record: Any) -> None:
@@ -278,11 +372,17 @@ class Simulation:
             self.unreplayed += self._released() - released
             self.report.faults["crash:" + str(at)] += 1
             self.pending_crash = None
-            self.spark.restart()
+            while self.foreign_after_crash:
+                self._foreign(self.foreign_after_crash.pop())
+            if then == ["fresh"]:
+                self._fault(Fault(0, "fresh"))
+            else:
+                self.spark.restart()
             return
         except TxStreamError as exc:
             # The batch failed (the query stops; whoever runs it starts it again): fine once,
-            # but no record may stop the coordinator for good.
+            # but no record may stop the coordinator for good. What it wrote stays written.
+            self.unreplayed += self._released() - released
             self._failed(exc)
             return
         finally:
@@ -318,6 +418,11 @@ class Simulation:
         self.quiet_since = max(self.quiet_since, self.world.now)
 
     def _failed(self, exc: Exception) -> None:
+        if self.world.now < self.refusing_until:
+            # A partition refuses writes: every run of the batch fails until it takes them.
+            self.report.faults["failed batch (a partition refusing)"] += 1
+            self.spark.restart()
+            return
         batch = 0 if self.spark.committed is None else self.spark.committed + 1
         self.failures = self.failures + 1 if batch == self.failed_batch else 1
         self.failed_batch = batch
@@ -398,8 +503,11 @@ def run(seed: int, kinds: tuple[str, ...] = FAULTS) -> Report:
     shm = Path("/dev/shm")  # the timer schedule is a file: in memory where there is a tmpfs
     with tempfile.TemporaryDirectory(prefix="txstream-sim-",
                                      dir=shm if shm.is_dir() else None) as tmp:
-        simulation = Simulation(scenario(seed, kinds), Path(tmp))
+        sc = scenario(seed, kinds)
+        simulation = Simulation(sc, Path(tmp))
+        chunk, read_back.READ_BACK_CHUNK = read_back.READ_BACK_CHUNK, sc.read_back_chunk
         try:
             return simulation.run()
         finally:
+            read_back.READ_BACK_CHUNK = chunk
             simulation.world.close()

@@ -9,6 +9,11 @@ A request is superseded, and not answered, when
 - a request of the same transaction with a higher number was read in the same fetch;
 - its number, or a higher one, was taken for its transaction already.
 
+Numbers are compared within a life of the transaction (``TXSTREAM_CHECK_LIFE``: when the
+coordinator registered it): a new checkpoint, or the id sent again as a new transaction,
+numbers its checks from 1 again under a later life, and those are answered. A request that
+names no life (an older coordinator) is of life 0.
+
 The coordinator would count no answer to it (docs/decisions/0017-check-delivery.md), and a
 producer returning after a long absence would otherwise answer a backlog. The producer's clock
 decides nothing: it is only compared with the request timestamps, so that a producer whose
@@ -66,16 +71,19 @@ class Choice:
         return [i for i, v in enumerate(self.verdicts) if v is Verdict.ANSWER]
 
 
+_Order = tuple[int, int]  # (life, number): CheckRequest.order
+
+
 class _Latest:
-    """Per transaction, the highest check number taken (bounded: oldest forgotten first)."""
+    """Per transaction, the latest check taken (bounded: oldest forgotten first)."""
 
     def __init__(self, capacity: int) -> None:
-        self._numbers: OrderedDict[str, int] = OrderedDict()
+        self._numbers: OrderedDict[str, _Order] = OrderedDict()
         self._capacity = capacity
 
-    def take(self, txid: str, number: int) -> bool:
+    def take(self, txid: str, number: _Order) -> bool:
         """Record ``number`` as taken; False if it or a later one was taken already."""
-        if self._numbers.get(txid, 0) >= number:
+        if self._numbers.get(txid, (0, 0)) >= number:
             return False
         self._numbers[txid] = number
         self._numbers.move_to_end(txid)
@@ -109,23 +117,23 @@ class CheckChoice:
                   and f.timestamp_ms >= 0]
         if stamps and (self.coordinator_ms is None or max(stamps) > self.coordinator_ms):
             self.coordinator_ms = max(stamps)
-        newest: dict[str, int] = {}
+        newest: dict[str, _Order] = {}
         for f in fetched:
             if f.request is not None and f.request.message.transaction_id:
                 txid = f.request.message.transaction_id
-                newest[txid] = max(newest.get(txid, 0), f.request.check_times)
+                newest[txid] = max(newest.get(txid, (0, 0)), f.request.order)
         verdicts = tuple(self._verdict(f.request, newest) for f in fetched)
         return Choice(verdicts, now_ms - max(stamps) if stamps else None)
 
-    def _verdict(self, req: CheckRequest | None, newest: dict[str, int]) -> Verdict:
+    def _verdict(self, req: CheckRequest | None, newest: dict[str, _Order]) -> Verdict:
         if req is None:
             return Verdict.MALFORMED
         if self.expired(req):
             return Verdict.EXPIRED
         txid = req.message.transaction_id or ""
-        if req.check_times < newest.get(txid, 0):
+        if req.order < newest.get(txid, (0, 0)):
             return Verdict.SUPERSEDED
-        if not self._latest.take(txid, req.check_times):
+        if not self._latest.take(txid, req.order):
             return Verdict.TAKEN
         return Verdict.ANSWER
 

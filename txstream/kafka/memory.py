@@ -28,7 +28,9 @@ than the topic's ``retention.ms``), :meth:`MemoryBroker.delete_records` and
 
 Faults the simulation switches: ``down`` (no answer to anything: polls bring nothing new,
 sends are not acknowledged and their records expire with kafka-python's ``KafkaTimeoutError``,
-new clients cannot bootstrap); :meth:`MemoryBroker.in_doubt_next` (a send that is stored but
+new clients cannot bootstrap); :meth:`MemoryBroker.refuse_appends` (one partition takes no
+writes for a while, the others do: Kafka acknowledges each partition on its own);
+:meth:`MemoryBroker.in_doubt_next` (a send that is stored but
 whose acknowledgement is lost: the future fails, the record is there); ``on_append`` (called
 before each append a client makes: raising there, e.g. to kill a simulated process mid-write,
 leaves that record and those after it unwritten and the broker consistent).
@@ -151,6 +153,7 @@ class MemoryBroker:
         # Producers' clocks by client id (the simulation skews them); default: the broker's.
         self.client_clocks: dict[str, Clock] = {}
         self._in_doubt = 0
+        self._refusing: dict[tuple[str, int], int] = {}  # partition -> refuses until (ms)
         self._topics: dict[str, Topic] = {}
 
     @classmethod
@@ -328,6 +331,18 @@ class MemoryBroker:
         """The next ``count`` records clients append are stored, but their acknowledgement is
         lost: the send fails with a timeout although the record is there."""
         self._in_doubt += count
+
+    def refuse_appends(self, topic: str, partition: int, until_ms: int) -> None:
+        """Clients' appends to one partition are not taken until ``until_ms`` (the broker's
+        clock), while every other partition takes them: a partition whose leader is being
+        elected, or with fewer in-sync replicas than ``min.insync.replicas``. A producer keeps
+        such a record waiting, and it expires as any undelivered record does."""
+        self._refusing[(topic, partition)] = until_ms
+
+    def refuses(self, topic: str, partition: int) -> bool:
+        """Whether clients' appends to the partition are refused now."""
+        until = self._refusing.get((topic, partition))
+        return until is not None and self.clock() < until
 
     def check_up(self, what: str = "answer") -> None:
         """Raise kafka-python's timeout when the broker is down."""

@@ -203,6 +203,8 @@ class MemoryProducer:
             broker.maybe_auto_create(pending.topic)  # its retries ask for metadata again
         if not 0 <= pending.partition < (broker.partition_count(pending.topic) or 0):
             return False
+        if broker.refuses(pending.topic, pending.partition):
+            return False  # kafka-python retries NOT_ENOUGH_REPLICAS until it expires
         record = broker.stamp(pending.topic, pending.partition, pending.key, pending.value,
                               pending.headers, pending.timestamp)
         acknowledged = broker.client_append(pending.topic, pending.partition, record)

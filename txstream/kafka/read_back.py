@@ -4,10 +4,10 @@ release a console page shows).
 
 How far back: records of one writer lie in the order they were sent, within the skew between
 the clocks of its processes. So once a record of the coordinator's own (``own``) is older than
-``since`` less :data:`SKEW_MARGIN_MS`, nothing it sent after ``since`` lies further back. A
-record of another producer ends the search only once older than :data:`FOREIGN_HORIZON_MS`
-before ``since``: a producer gives up on a record within its delivery timeout (kafka-python:
-120 s), so nothing sent that much earlier can have been appended after ``since``. A search
+``since`` less :data:`SKEW_MARGIN_MS`, nothing it sent after ``since`` lies further back. Only
+its own records end the search: another writer's timestamps say nothing of when it sent them
+(event time, a mirror, a producer clock off by a day on a ``CreateTime`` topic), so a search
+past them goes on to the coordinator's own record before ``since``, or to ``floor``. A search
 that stops too early can only miss a record, never find one that is not there.
 """
 
@@ -18,13 +18,11 @@ from typing import Any
 
 from txstream.kafka.reading import ConsumerFor, Unreadable, read_range
 
-__all__ = ["SKEW_MARGIN_MS", "FOREIGN_HORIZON_MS", "READ_BACK_CHUNK", "header_text",
-           "read_back"]
+__all__ = ["SKEW_MARGIN_MS", "READ_BACK_CHUNK", "header_text", "read_back"]
 
 # Executors' clocks against the driver's: NTP keeps them within milliseconds. A larger margin
 # only reads more.
 SKEW_MARGIN_MS = 5_000
-FOREIGN_HORIZON_MS = 10 * 60_000
 READ_BACK_CHUNK = 2000  # offsets read per step backwards (and records per poll)
 
 
@@ -36,25 +34,25 @@ def header_text(headers: Iterable[tuple[str, Any]] | None, wanted: str) -> str |
     return None
 
 
-def _older(rec: Any, own_horizon: int, foreign_horizon: int,
-           own: Callable[[Any], bool]) -> bool:
+def _own_and_older(rec: Any, horizon: int, own: Callable[[Any], bool]) -> bool:
     ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp >= 0 else None
-    return ts is not None and ts < (own_horizon if own(rec) else foreign_horizon)
+    return ts is not None and ts < horizon and own(rec)
 
 
 def read_back(consumers: ConsumerFor, topic: str, partition: int, end: int, since_ms: int,
               own: Callable[[Any], bool], stall_s: float, *, floor: int = 0,
               stop_at_end: bool = False) -> Iterator[list[Any]]:
     """The records of ``[floor, end)``, newest chunk first (each in offset order), until a
-    chunk holds a record sent before ``since_ms``. A record kafka-python cannot parse is left
-    out: it is nobody's. ``stall_s`` and ``stop_at_end`` as :func:`read_range`'s."""
-    own_horizon, foreign_horizon = since_ms - SKEW_MARGIN_MS, since_ms - FOREIGN_HORIZON_MS
+    chunk holds a record of the coordinator's own (``own``) sent before ``since_ms``. A record
+    kafka-python cannot parse is left out: it is nobody's. ``stall_s`` and ``stop_at_end`` as
+    :func:`read_range`'s."""
+    horizon = since_ms - SKEW_MARGIN_MS
     while end > floor:
         start = max(floor, end - READ_BACK_CHUNK)
         chunk = [rec for rec in read_range(consumers, topic, partition, start, end, stall_s,
                                            stop_at_end=stop_at_end)
                  if not isinstance(rec, Unreadable)]
         yield chunk
-        if any(_older(rec, own_horizon, foreign_horizon, own) for rec in chunk):
+        if any(_own_and_older(rec, horizon, own) for rec in chunk):
             return
         end = start
