@@ -2,7 +2,8 @@
 
 A release, check request or discard of a half message held without its body comes to the sink
 with a null value and where the body lies (``OutputRow.body_partition``, ``body_offset``): big
-bodies never pass through the JVM. A task reads all the bodies its rows need at once
+bodies never pass through the JVM. (A row with a value says where its body lies too: a
+refused release's dead letter names it.) A task reads all the bodies its rows need at once
 (:class:`txstream.sources.bodies.BodySource`), and each record read serves every row that needs it.
 
 The operator read each of them before deciding, and told the core of any that was gone
@@ -28,7 +29,7 @@ Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 
 
 def needs_body(row: OutputRow) -> bool:
-    return row.body_offset is not None and row.body_partition is not None
+    return row.value is None and row.body_offset is not None and row.body_partition is not None
 
 
 def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
@@ -66,8 +67,7 @@ def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepare
         elif rec.key != _transaction_id(row, headers):
             why = OTHER_RECORD
         else:
-            out.append((row._replace(value=rec.value, body_partition=None, body_offset=None),
-                        headers))
+            out.append((row._replace(value=rec.value), headers))
             continue
         raise SendFailed(f"the body of the {row.kind} record for {row.topic}, "
                          f"{source.topic}/{row.body_partition} offset {row.body_offset}, {why} "

@@ -5,7 +5,11 @@ acks=all); anything less raises :class:`SendFailed`, which fails the micro-batch
 runs again from the checkpoint. Except a record the broker refuses for what it is (too large,
 an invalid or forbidden topic): a replay would be refused again, and one record would stop the
 coordinator for good. Such a record goes to the dead-letter topic as a reference (where it was
-going, its id, size and the broker's reason), and the batch goes on.
+going, its id, size and the broker's reason), and the batch goes on. A refused release's dead
+letter is keyed by its transaction id and carries what it takes to release it again once the
+cause is mended (its headers, its body or where the body lies: ``txstream dead-letters
+release``), and the note that said ``released`` says ``release_refused`` instead, with why and
+where the dead letter lies.
 
 The history records go last, once every other record of the task is acknowledged: Kafka
 acknowledges each partition on its own, so a note sent with the release it states could be
@@ -18,17 +22,24 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, cached_client, drop_cached_client, make_producer
-from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES, encode_reference, record_bytes
+from txstream.outputs import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    encode_reference,
+    encode_refused_release,
+    record_bytes,
+    restate_refused,
+)
 from txstream.refusals import Code
 from txstream.schema import Kind, OutputRow
 from txstream.topics import Topics
-from txstream.wire import H, pack_headers
+from txstream.wire import H, Record, pack_headers
 
-__all__ = ["Delivery", "make_sink_producer", "wait_ms", "refused_by_broker"]
+__all__ = ["Delivery", "RefusedRelease", "MissingTopic", "make_sink_producer", "missing_topic",
+           "wait_ms", "refused_by_broker"]
 
 _MAX_ERRORS_SHOWN = 3
 # A prepared row: the output row with its headers unpacked for the producer.
@@ -64,7 +75,7 @@ _EXISTING: set[tuple[str, str]] = set()
 _AUTO_CREATE: dict[str, bool | None] = {}
 
 
-def _missing(settings: KafkaSettings, topic: str) -> bool:
+def missing_topic(settings: KafkaSettings, topic: str) -> bool:
     """Whether ``topic`` is missing on a broker that will not create it."""
     from txstream.kafka.provision import admin_client, broker_auto_create, topic_states
 
@@ -104,6 +115,15 @@ def wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
     return wait
 
 
+class RefusedRelease(NamedTuple):
+    """A release the broker refused, as the metrics count it: its producer group, topic and
+    refusal code."""
+
+    producer_group: str
+    topic: str
+    code: str
+
+
 class Delivery:
     """The records one task sends, acknowledged all together at the end (:meth:`finish`).
 
@@ -113,11 +133,16 @@ class Delivery:
 
     def __init__(self, settings: KafkaSettings, flush_timeout_s: float,
                  dead_letter_topic: str | None = None,
-                 max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES,
+                 half_topic: str | None = None) -> None:
         self.settings = settings
         self.flush_timeout_s = flush_timeout_s
         self.dead_letter_topic = dead_letter_topic
         self.limit = max_message_bytes
+        self.half_topic = half_topic  # where a refused release's body lies
+        # Releases refused: what their notes now say, by transaction id; and for the metrics.
+        self.restated: dict[str, dict[str, object]] = {}
+        self.refused_releases: list[RefusedRelease] = []
         self.futures: list[tuple[Prepared, Any]] = []
         self.counts: Counter[str] = Counter()
         self.held: list[tuple[int, int, Prepared]] = []
@@ -155,7 +180,7 @@ class Delivery:
                     # of a keyless tombstone. An empty value is the nearest it can send.
                     value = b""
                 try:
-                    if _missing(self.settings, topic):
+                    if missing_topic(self.settings, topic):
                         raise MissingTopic(f"topic {topic} does not exist and the broker does "
                                            "not create topics: txstream topics create")
                     future = producer.send(topic, key=key, value=value, headers=headers)
@@ -196,7 +221,8 @@ class Delivery:
         notes, self.notes = self.notes, []
         if notes:
             self.futures = []
-            self._send_now(notes)
+            self._send_now([_restated(note, self.restated) for note in notes]
+                           if self.restated else notes)
             self._acknowledged()
         return +self.counts
 
@@ -235,27 +261,69 @@ class Delivery:
                              f"dead-letter topic: {type(exc).__name__}: {exc}")
         self._drop_producer()  # a refusal may leave an idempotent producer out of sequence
         self.futures = []
-        self._send_now([_reference(prepared, exc, self.dead_letter_topic, self.limit)
-                        for prepared, exc in refused])
+        topics = Topics(dead_letter=self.dead_letter_topic)
+        self._send_now([self._dead_letter(prepared, exc, topics) for prepared, exc in refused])
         self._flush()
         if self.refused or not all(future.succeeded() for _, future in self.futures):
             raise SendFailed(f"{len(refused)} records refused by the broker could not be "
                              f"dead-lettered either")
+        for (row, _), future in self.futures:
+            txid = row.key.decode("utf-8", "replace") if row.key is not None else ""
+            if txid in self.restated:
+                where = future.value
+                self.restated[txid]["dead_letter"] = f"{where.partition}@{where.offset}"
+
+    def _dead_letter(self, prepared: Prepared, exc: BaseException, topics: Topics) -> Prepared:
+        """A refused record's dead letter; a release's says so in its note and its count."""
+        row, headers = prepared
+        code, reason = _refusal(prepared, exc, self.limit)
+        txid = dict(headers).get(H.TRANSACTION_ID)
+        if row.kind != Kind.VISIBLE or txid is None:
+            return _reference(prepared, code, reason, topics, self.limit)
+        text = txid.decode("utf-8", "replace")
+        self.restated[text] = {"code": code, "reason": reason}
+        group = dict(headers).get(H.PGROUP, b"").decode("utf-8", "replace")
+        self.refused_releases.append(RefusedRelease(group, row.topic, code))
+        at = (self.half_topic, row.body_partition, row.body_offset) if (
+            self.half_topic and row.body_partition is not None
+            and row.body_offset is not None) else None
+        record = encode_refused_release(Record(row.topic, row.key, row.value, tuple(headers)),
+                                        text, reason, code, at, topics, self.limit)
+        return _as_row(prepared, record)
 
 
-def _reference(prepared: Prepared, exc: BaseException, dead_letter_topic: str,
+def _refusal(prepared: Prepared, exc: BaseException, limit: int) -> tuple[str, str]:
+    """The refusal's code and reason."""
+    row, headers = prepared
+    if isinstance(exc, MissingTopic):
+        return Code.MISSING_TOPIC, str(exc)
+    size = record_bytes(row.key, row.value, headers)
+    return Code.REFUSED_BY_BROKER, (f"the broker refused the record for {row.topic} ({size} "
+                                    f"bytes, the limit is {limit}): {type(exc).__name__}: {exc}")
+
+
+def _restated(note: Prepared, refused: dict[str, dict[str, object]]) -> Prepared:
+    """A history record whose ``released`` notes of refused releases say so."""
+    row, headers = note
+    value = restate_refused(row.value, refused)
+    return note if value is None else (row._replace(value=value), headers)
+
+
+def _reference(prepared: Prepared, code: str, reason: str, topics: Topics,
                limit: int) -> Prepared:
     """A refused record's dead letter: a reference to it, under the refused record's id."""
     row, headers = prepared
     size = record_bytes(row.key, row.value, headers)
-    missing = isinstance(exc, MissingTopic)
-    reason = (str(exc) if missing else f"the broker refused the record for {row.topic} ({size} "
-              f"bytes, the limit is {limit}): {type(exc).__name__}: {exc}")
-    code = Code.MISSING_TOPIC if missing else Code.REFUSED_BY_BROKER
-    record = encode_reference(row.topic, row.key, size, reason, code, (-1, -1),
-                              Topics(dead_letter=dead_letter_topic))
+    record = encode_reference(row.topic, row.key, size, reason, code, (-1, -1), topics)
+    return _as_row(prepared, record)
+
+
+def _as_row(prepared: Prepared, record: Record) -> Prepared:
+    """``record`` to write instead of ``prepared``, under the refused record's id (a replay
+    finds it there, and neither writes it nor dead-letters it again)."""
+    row, _ = prepared
     with_id = [*record.headers,
                *([(H.RECORD_ID, row.record_id.encode("ascii"))] if row.record_id else [])]
     reference = row._replace(kind=Kind.DEAD_LETTER, topic=record.topic, key=record.key,
-                             value=None, headers=pack_headers(with_id))
+                             value=record.value, headers=pack_headers(with_id))
     return reference, with_id

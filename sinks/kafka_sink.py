@@ -50,7 +50,9 @@ from txstream.options import parse_options
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
 from txstream.sinks.bodies import with_bodies
-from txstream.sinks.delivery import Delivery, Prepared, make_sink_producer
+from txstream.sinks.delivery import Delivery, Prepared, RefusedRelease, make_sink_producer
+from txstream.sinks.refusal_log import record as refusal_record
+from txstream.sinks.refusal_log import refusal_log
 from txstream.sinks.replay import replay_suspected, written_ids
 from txstream.sources.bodies import BodySource
 from txstream.spark_worker import quiet_hang_up, settle
@@ -98,7 +100,8 @@ class SinkOptions:
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """What one task delivered: records acknowledged per ``kind``; ``already_written``:
+    """What one task delivered: records acknowledged per ``kind`` (a release the broker
+    refused is in ``refused`` instead); ``already_written``:
     records of a replayed batch found on their topics, so not written again; ``timers``: the
     new timeout (or None) of each state key its rows came from, and ``batch_ms`` their batch's
     time."""
@@ -107,6 +110,9 @@ class SinkCommit(WriterCommitMessage):
     already_written: int = 0
     timers: dict[int, int | None] = field(default_factory=dict)
     batch_ms: int | None = None
+    # Releases the broker refused (dead-lettered, their notes restated): the metrics count
+    # them as refusals, not releases (txstream.sinks.refusal_log).
+    refused: list[RefusedRelease] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -199,7 +205,7 @@ def _with_bodies(options: SinkOptions, rows: list[Prepared]) -> list[Prepared]:
 
 def _delivery(options: SinkOptions) -> Delivery:
     return Delivery(options.kafka, options.flush_timeout_s, options.dead_letter_topic,
-                    options.max_message_bytes)
+                    options.max_message_bytes, options.half_topic)
 
 
 def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
@@ -213,7 +219,8 @@ def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
         ready = _not_yet_written(options, ready)
     delivery = _delivery(options)
     delivery.send(_with_bodies(options, ready))
-    return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms)
+    return SinkCommit(delivery.finish(), total - len(ready), timers, batch_ms,
+                      delivery.refused_releases)
 
 
 def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
@@ -231,7 +238,8 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
         rows, ms = _split_timers(_rows([batch]), timers)
         batch_ms = ms if ms is not None else batch_ms
         delivery.send(_with_bodies(options, _checked(rows)))
-    return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms)
+    return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms,
+                      refused=delivery.refused_releases)
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):
@@ -252,6 +260,8 @@ class KafkaRecordWriter(DataSourceStreamArrowWriter):
         commits = [m for m in messages if isinstance(m, SinkCommit)]
         if self.options.timer_file:
             self._fold_timers(commits, batchId)
+            refusal_record(refusal_log(self.options.timer_file), batchId,
+                           [r for m in commits for r in m.refused])
         skipped = sum(m.already_written for m in commits)
         if skipped:
             log.warning("batch %d was a replay: %d records its first run had written were not "

@@ -22,8 +22,8 @@ is left out only when its very id was found on its topic.
 
 Across checkpoints the ids differ (a new checkpoint numbers from its own batch times): a half
 message a new checkpoint reads again is looked for by its transaction id instead, among the
-records of this coordinator under ids the checkpoint did not give (:func:`released_earlier`,
-docs/decisions/0029-releases-found.md).
+records of this coordinator under ids the checkpoint did not give
+(:mod:`txstream.sinks.release_index`, docs/decisions/0029-releases-found.md).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from typing import Any
 
 from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer
 from txstream.kafka.read_back import READ_BACK_CHUNK, header_text, read_back
+from txstream.record_ids import id_tag
 from txstream.wire import H
 
 __all__ = [
     "replay_suspected",
     "written_ids",
     "written_before",
-    "released_earlier",
     "id_tag",
 ]
 
@@ -68,11 +68,6 @@ def replay_suspected() -> bool:
         # it finds nothing. The first batch of a run is checked by every process writing it.
         first = _FIRST_BATCH.setdefault(run, int(batch))
     return int(batch) == first
-
-
-def id_tag(record_id: str) -> str:
-    """The coordinator tag of a record id (its first dotted part)."""
-    return record_id.split(".", 1)[0]
 
 
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
@@ -132,26 +127,11 @@ def written_before(
                     of_this_batch, keyed=True)
 
 
-def released_earlier(settings: KafkaSettings, wanted: Mapping[str, Mapping[str, int]],
-                     tag: str, ours: str) -> set[str]:
-    """Which of ``wanted`` ({real topic: {transaction id: since ms}}) a coordinator before this
-    checkpoint released: a record for the transaction is on its real topic under an id of this
-    coordinator (``tag``) that this checkpoint did not give (``ours``: the prefix of the ids
-    the state key numbers its records with), written after the transaction's ``since``
-    (docs/decisions/0029-releases-found.md)."""
-    wanted = {t: ids for t, ids in wanted.items() if ids}
-    if not wanted:
-        return set()
-    since = {t: min(ids.values()) for t, ids in wanted.items()}
-    return _written(settings, {t: set(ids) for t, ids in wanted.items()}, since, tag,
-                    H.TRANSACTION_ID, lambda rid: not rid.startswith(ours))
-
-
-def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]],
-             since_ms: int | Mapping[str, int], tag: str, header: str,
-             counts: Callable[[str], bool] = lambda rid: True, keyed: bool = False) -> set[str]:
+def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: int, tag: str,
+             header: str, counts: Callable[[str], bool] = lambda rid: True,
+             keyed: bool = False) -> set[str]:
     """``header`` values (record ids, or transaction ids) of ``wanted`` found on their topics,
-    each topic read back to ``since_ms`` (one time, or one per topic)."""
+    each topic read back to ``since_ms``."""
     probe = EndProbe(settings, role="sink")
     consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK)
     found: set[str] = set()
@@ -160,9 +140,8 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]],
             # A topic that does not exist yet holds nothing (the sink's first write creates it).
             ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
             for (_, partition), end in sorted(ends.items()):
-                since = since_ms if isinstance(since_ms, int) else since_ms[topic]
                 found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         since, header, counts, keyed)
+                                         since_ms, header, counts, keyed)
     finally:
         probe.close()
         consumers.close()

@@ -42,7 +42,10 @@ JOURNAL = "_journal"
 OUTCOME_OF = {NoteKind.RELEASED: Status.COMMITTED.value,
               NoteKind.ROLLED_BACK: Status.ROLLED_BACK.value,
               NoteKind.DISCARDED: Status.DISCARDED.value,
-              NoteKind.RELEASE_LOST: Status.LOST.value}
+              NoteKind.RELEASE_LOST: Status.LOST.value,
+              # Refused by the broker: decided, waiting on the dead-letter topic to be released
+              # again (txstream dead-letters release), never again from the half message.
+              NoteKind.RELEASE_REFUSED: Status.COMMITTED.value}
 
 
 class Journal:

@@ -262,9 +262,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceReadError(
                 f"the broker no longer has records the checkpoint has read: "
                 f"{'; '.join(loss.why)}. Start on a new checkpoint (txstream run "
-                "--checkpoint-dir), or set the source's option fail_on_data_loss=false to read "
-                "these partitions again from the start; either way the outcomes in the "
-                "history topic are read back first."
+                "--checkpoint-dir), or read these partitions again from the start (txstream "
+                "run --no-fail-on-data-loss, the source's option fail_on_data_loss=false); "
+                "either way the outcomes in the history topic are read back first."
             )
         for why in loss.why:
             log.warning("%s: reading it again from offset 0", why)

@@ -84,6 +84,9 @@ class NoteKind(StrEnum):
     UNKNOWN = "unknown"  # an answer (or end event) saying the outcome is not known yet
     RELEASED = "released"  # committed: released to its real topic
     RELEASE_LOST = "release_lost"  # committed, but the half message's body was gone
+    # committed, but the broker refused the release (its topic missing, too large, not
+    # allowed): it waits on the dead-letter topic (the sink writes this note, not the core)
+    RELEASE_REFUSED = "release_refused"
     BODY_GONE = "body_gone"  # the held half message's body can no longer be read
     ROLLED_BACK = "rolled_back"  # rolled back: never visible
     DISCARDED = "discarded"  # given up: on the discard topic
@@ -97,8 +100,8 @@ class NoteKind(StrEnum):
         return self in _FINAL
 
 
-_FINAL = frozenset({NoteKind.RELEASED, NoteKind.RELEASE_LOST, NoteKind.ROLLED_BACK,
-                    NoteKind.DISCARDED, NoteKind.EXPIRED})
+_FINAL = frozenset({NoteKind.RELEASED, NoteKind.RELEASE_LOST, NoteKind.RELEASE_REFUSED,
+                    NoteKind.ROLLED_BACK, NoteKind.DISCARDED, NoteKind.EXPIRED})
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,12 +384,28 @@ def _wait(tx: Transaction | None, end: Event, now: int, policy: Policy) -> _Resu
         latest = latest_visible_check(tx, now)
         answered = end.check_times if end.check_times is not None else latest
         if latest <= answered <= tx.checks_sent and answered > tx.last_answered:
-            new = replace(tx, checks_answered=tx.checks_answered + 1, last_answered=answered)
+            new = _restore_interval(replace(tx, checks_answered=tx.checks_answered + 1,
+                                            last_answered=answered), now, policy)
         detail = {"check": answered, **_decision_detail(end)}
+        if new.next_check != tx.next_check:
+            detail["next_check"] = new.next_check
     else:
         detail = _decision_detail(end)
     return new, [_note(tx.transaction_id, NoteKind.UNKNOWN, now,
                        checks_answered=new.checks_answered, **detail)]
+
+
+def _restore_interval(tx: Transaction, now: int, policy: Policy) -> Transaction:
+    """A producer answered: the check after the latest one made comes one interval after it
+    is due (or after now), as RocketMQ's next scan would ask, not after the back-off that the
+    unanswered checks before had earned."""
+    assert tx.next_check is not None
+    after = max(now, tx.check_due if tx.check_due is not None else now)
+    next_check = min(tx.next_check, after + policy.check_interval)
+    if next_check == tx.next_check:
+        return tx
+    return replace(tx, next_check=next_check,
+                   deadline=pending_deadline(registered_at(tx, policy), next_check, policy))
 
 
 def _duplicate(tx: Transaction | None, event: Event, now: int, policy: Policy) -> _Result:

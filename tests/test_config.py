@@ -55,3 +55,15 @@ def test_timer_lead_comes_from_the_flag_the_environment_or_the_default(
         _parse(["--timer-lead=-1s"])
     with pytest.raises(ValueError, match="timer_lead"):
         Policy(timer_lead=-1)
+
+
+def test_the_source_reads_lost_partitions_again_only_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39, defect 10: the data-loss error offered fail_on_data_loss=false, and nothing
+    of ``txstream run`` could set it."""
+    from txstream.streaming.engine.query import source_options
+
+    assert source_options(_parse([]), None, 2).fail_on_data_loss is True
+    assert source_options(_parse(["--no-fail-on-data-loss"]), None, 2).fail_on_data_loss is False
+    monkeypatch.setenv("TXSTREAM_FAIL_ON_DATA_LOSS", "false")
+    assert _parse([]).fail_on_data_loss is False

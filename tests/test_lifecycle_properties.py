@@ -163,6 +163,10 @@ def check_structure(step: Step, policy: Policy) -> None:
             else:
                 assert min(2, policy.check_backoff_max) * interval <= spacing
                 assert spacing <= policy.check_backoff_max * interval
+        elif tx.checks_answered > old_tx.checks_answered:  # an answer restores the interval
+            assert old_tx.next_check is not None
+            after = max(step.now, old_tx.check_due or step.now)
+            assert tx.next_check == min(old_tx.next_check, after + policy.check_interval)
         else:
             assert tx.next_check == old_tx.next_check
     for e in step.effects:  # a discard exactly when a check is due and the rules say so

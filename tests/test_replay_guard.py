@@ -94,12 +94,12 @@ def test_written_ids_finds_exactly_the_records_on_their_topics(
 
 
 @pytest.mark.kafka
-def test_released_earlier_finds_a_predecessors_release_by_its_transaction_id(
+def test_a_look_finds_a_predecessors_release_by_its_transaction_id(
     kafka: KafkaSettings, unique: str
 ) -> None:
     """A new checkpoint's question (0029): which of these transactions did a coordinator before
     it release, under an id this checkpoint did not give?"""
-    from txstream.sinks.replay import released_earlier
+    from txstream.sinks.release_index import released_by_others as released_earlier
 
     topic, absent = _real_topic(kafka, unique, 2), f"{unique}-never-written"
     tag, other, now = "0badc0de", "0ddba11e", int(time.time() * 1000)

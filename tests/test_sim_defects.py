@@ -1,13 +1,19 @@
 """The simulation catches each defect it was built for: put the old rule back, and a seeded
 schedule breaks the promise.
 
-Each case re-introduces one defect found by reading the code against the seeds (issue 31), or
-by a run of the simulation longer than the default, at the depth where it lived, as it was, and
-plays the first seed that caught it (of the default run, ``pytest -m sim``, where it did). A
-change to the simulation that moves its schedules may move the seed:
+Each case re-introduces one defect found by reading the code against the seeds, or by a run of
+the simulation longer than the default, at the depth where it lived, as it was, and plays the
+first seed that caught it (of the default run, ``pytest -m sim``, where it did). A change to
+the simulation that moves its schedules may move the seed:
 ``TXSTREAM_SIM_SEEDS=400 pytest -m sim`` with the old rule put back (the patches here) finds
-another. The consumer's retries (defect 5) are outside the simulation:
-``tests/test_client_retry.py``.
+another. The consumer's retries are outside the simulation: ``tests/test_client_retry.py``;
+so are the look's cost (``tests/test_release_index.py``), a release the broker refuses
+(``tests/test_refused_release.py``), the answered-checks metric and the interval an answer
+restores (``tests/test_check_rules.py``) and the data-loss flag (``tests/test_config.py``).
+
+The guards of a recovery each have a case of their own too (``GUARD``): the oracle must see
+any of them taken out (``sim.mutants``; ``TXSTREAM_SIM_MUTANT=all pytest -m sim`` counts the
+schedules of a run that each one breaks).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import pytest
 
 import txstream.client.check_choice as check_choice
+import txstream.kafka.read_back as read_back
 import txstream.kafka.reading as reading
 import txstream.sources.bodies as bodies
 import txstream.sources.journal as journal
@@ -27,13 +34,16 @@ import txstream.state.bucket as bucket
 import txstream.state.lifecycle as lifecycle
 import txstream.state.timing as timing
 import txstream.streaming.engine.operator as operator
-from txstream.state.effects import Release
+from txstream.outputs import CheckRequest
+from txstream.sinks.delivery import Delivery
+from txstream.state.effects import NoteKind, Release
 from txstream.state.lifecycle import Action
 from txstream.state.timing import anchor
 from txstream.state.transaction import Status
 from txstream.topics import Topics
 
 from sim.actors import COMMIT, Producers
+from sim.mutants import GUARDS
 from sim.oracle import Violation
 from sim.schedule import run
 
@@ -175,6 +185,44 @@ def _releases_found_nowhere(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(operator, "_found_released", lambda *args: [])
 
 
+def _notes_with_releases(mp: pytest.MonkeyPatch) -> None:
+    """15: a task's history notes sent with its releases, not after them: a partition that
+    refuses the release while the history's takes the note (a leader election, too few in-sync
+    replicas) leaves a note a new checkpoint takes for the release."""
+    send = Delivery.send
+
+    def together(self: Any, rows: Any) -> None:
+        send(self, rows)
+        notes, self.notes = self.notes, []
+        self._send_now(notes)
+
+    mp.setattr(Delivery, "send", together)
+
+
+def _foreign_horizon(mp: pytest.MonkeyPatch) -> None:
+    """16: reading back stopped at another writer's record stamped 10 minutes before the
+    horizon: records are not sent in their timestamps' order, and a release behind a few
+    chunks of them was not found (a replay wrote it again)."""
+    def older(rec: Any, horizon: int, own: Any) -> bool:
+        ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp >= 0 else None
+        foreign = horizon + read_back.SKEW_MARGIN_MS - 10 * 60_000
+        return ts is not None and ts < (horizon if own(rec) else foreign)
+
+    mp.setattr(read_back, "_own_and_older", older)
+
+
+def _lost_recovered_as_committed(mp: pytest.MonkeyPatch) -> None:
+    """17: a new checkpoint read a lost release back as committed: the half message sent
+    again, which the promise releases, was taken for a duplicate."""
+    mp.setitem(journal.OUTCOME_OF, NoteKind.RELEASE_LOST, "COMMITTED")
+
+
+def _checks_by_number_only(mp: pytest.MonkeyPatch) -> None:
+    """18: a producer ordered a transaction's checks by number alone: after a new checkpoint,
+    which numbers from 1 again, it skipped the checks up to the last number it had answered."""
+    mp.setattr(CheckRequest, "order", property(lambda self: (0, self.check_times)))
+
+
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("1-stale-watermark", _stale_body_read, 175, "although its commit was written before"),
     ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
@@ -186,10 +234,20 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("8-producer-clock", _expiry_on_producer_clock, 6, "was not answered"),
     ("9-fewer-partitions", _partitions_assumed, 12, "failed 3 times in a row"),
     ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
-    ("11-recreated-topic", _topic_ids_unread, 3099, "never ended"),
+    ("11-recreated-topic", _topic_ids_unread, 705, "never ended"),
     ("12-replay-body-gone", _replay_trusts_the_body_read, 3620, "the metrics count"),
     ("13-release-without-note", _releases_found_nowhere, 52721, "released 2 times"),
     ("14-replay-check-body-gone", _replay_looks_for_releases_only, 55538, "was not counted"),
+    ("15-note-before-release", _notes_with_releases, 1550, "the history says released"),
+    ("16-foreign-timestamps", _foreign_horizon, 504, "released 2 times"),
+    ("17-lost-across-checkpoints", _lost_recovered_as_committed, 1072, "was never released"),
+    ("18-checks-by-number", _checks_by_number_only, 841, "was not answered"),
+    # Each recovery guard taken out (issue 39's oracle defect: none of the first two was seen).
+    ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
+    ("guard-look", GUARDS["look"], 315, "released 2 times"),
+    ("guard-replay-check", GUARDS["replay-check"], 6, "released 2 times"),
+    ("guard-record-ids", GUARDS["record-ids"], 6, "released 2 times"),
+    ("guard-topic-ids", GUARDS["topic-ids"], 705, "never ended"),
 ]
 
 

@@ -158,12 +158,13 @@ def _as_stored(request_message: Message) -> Message:
 
 
 @FAST
-@given(messages(), ints, st.none() | st.integers(0, 2**62))
-def test_check_round_trip(m: Message, times: int, valid_until: int | None) -> None:
-    rec = encode_check(m, times, TOPICS, valid_until)
+@given(messages(), ints, st.none() | st.integers(0, 2**62), st.none() | st.integers(0, 2**62))
+def test_check_round_trip(m: Message, times: int, valid_until: int | None,
+                          life: int | None) -> None:
+    rec = encode_check(m, times, TOPICS, valid_until, life)
     assert rec.topic == TOPICS.check(m.producer_group or "")
-    back, back_times, back_until = decode_check(rec.key, rec.value, rec.headers)
-    assert (back_times, back_until) == (times, valid_until)
+    back, back_times, back_until, back_life = decode_check(rec.key, rec.value, rec.headers)
+    assert (back_times, back_until, back_life) == (times, valid_until, life)
     # The half message as it was stored, its immunity included ...
     assert _as_stored(back) == m
     # ... and what a Java listener reads through getProperty.
@@ -190,7 +191,7 @@ def test_discard_round_trip() -> None:
     m = msg()
     rec = encode_discard(m, "still unknown after 15 answered checks", 15, TOPICS)
     assert rec.topic == TOPICS.discard and rec.key == b"tx-1" and rec.value == b"hello"
-    back, times, _ = decode_check(rec.key, rec.value, rec.headers)
+    back, times, _, _ = decode_check(rec.key, rec.value, rec.headers)
     assert times == 15 and _as_stored(back) == m  # the half message as stored, with headers
     h = header_dict(rec.headers)
     assert h[H.DISCARD_REASON] == "still unknown after 15 answered checks"

@@ -44,6 +44,8 @@ __all__ = [
     "encode_discard",
     "encode_dead_letter",
     "encode_reference",
+    "encode_refused_release",
+    "restate_refused",
     "encode_history",
     "decode_history",
     "encode_compact",
@@ -283,6 +285,25 @@ def encode_dead_letter(original: Record, reason: str, code: str, origin: tuple[i
                             code, origin, topics)
 
 
+def encode_refused_release(release: Record, transaction_id: str, reason: str, code: str,
+                           body_at: tuple[str, int, int] | None, topics: Topics,
+                           limit: int = KAFKA_MAX_MESSAGE_BYTES) -> Record:
+    """The dead letter of a release the broker refused: keyed by the transaction id, the
+    release's headers with the topic it was for (``REAL_TOPIC``), its body when it fits, and
+    where the body lies in the half topic (``body_at``: topic, partition, offset) as its
+    origin, so that it can be released again (``txstream dead-letters release``)."""
+    kept = [(k, v) for k, v in release.headers if k not in (H.RECORD_ID, H.REAL_TOPIC)]
+    origin = _origin(*body_at) if body_at is not None else _origin(release.topic, -1, -1)
+    headers = (*kept, (H.REAL_TOPIC, utf8(release.topic)), (H.DLQ_REASON, utf8(_cut(reason))),
+               (H.DLQ_CODE, utf8(code)), *origin)
+    key = utf8(transaction_id)
+    if record_bytes(key, release.value, headers) + _RECORD_ID_BYTES <= limit:
+        return Record(topics.dead_letter, key, release.value, headers)
+    size = record_bytes(release.key, release.value, release.headers)
+    return Record(topics.dead_letter, key, None,
+                  (*headers, (H.DLQ_ORIGINAL_BYTES, utf8(str(size)))))
+
+
 # --- history ---------------------------------------------------------------------------------
 
 Note = tuple[str, int, str, Mapping[str, object]]  # transaction id, at ms, event, detail
@@ -347,6 +368,24 @@ def _encode_standard(doc: object) -> bytes:
 
 encode_compact = _compact_encoder()
 """``doc`` as compact JSON (no spaces), UTF-8 bytes: every line the coordinator writes."""
+
+
+def restate_refused(value: bytes | None, refused: Mapping[str, Mapping[str, object]]
+                    ) -> bytes | None:
+    """A history record's lines with each ``released`` note of a transaction in ``refused``
+    made a ``release_refused`` one with the detail given (why, and where its dead letter lies);
+    None when no line changed."""
+    try:
+        lines = decode_history(value)
+    except MalformedRecord:
+        return None
+    changed = False
+    for line in lines:
+        detail = refused.get(str(line.get("transaction_id")))
+        if detail is not None and line.get("event") == "released":
+            line.update(event="release_refused", **detail)
+            changed = True
+    return encode_compact(lines) if changed else None
 
 
 def decode_history(value: bytes | None, key: bytes | None = None) -> list[dict[str, object]]:

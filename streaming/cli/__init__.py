@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         broker,
         console,
         consume,
+        dead_letters,
         demo,
         history,
         pending,
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (run, broker, demo, produce, consume, pending, resolve, history, topics,
-                    console):
+                    dead_letters, console):
         command.add_parser(sub)
     for plugin in entry_points(group=PLUGIN_GROUP):
         try:

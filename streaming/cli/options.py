@@ -307,6 +307,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    default=parse_bool(env("no-history") or "false", "TXSTREAM_NO_HISTORY"),
                    help="do not write transitions to the history topic (a new checkpoint "
                         "then cannot read back what was decided)")
+    p.add_argument("--no-fail-on-data-loss", dest="fail_on_data_loss", action="store_false",
+                   default=parse_bool(env("fail-on-data-loss") or "true",
+                                      "TXSTREAM_FAIL_ON_DATA_LOSS"),
+                   help="when the broker lost half or end records the checkpoint has read (a "
+                        "partition cut, a topic created again), read those partitions again "
+                        "from their start, after the history's outcomes, instead of stopping")
 
 
 def _policy(args: argparse.Namespace) -> Policy:
@@ -342,6 +348,7 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
         "trigger_ms": parse_duration_ms(args.trigger),
         "broker_outage_limit_ms": _duration("broker-outage-limit", args.broker_outage_limit),
         "history": not args.no_history,
+        "fail_on_data_loss": args.fail_on_data_loss,
         "metrics_port": int(args.metrics_port) if args.metrics_port else None,
         "metrics_host": args.metrics_host,
         "master": args.master,

@@ -91,6 +91,9 @@ class RunConfig:
     # bigger ones are refused or dead-lettered as a reference, never left to fail a batch.
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
     history: bool = True  # write every transition to the history topic (txstream history)
+    # False: a half or end partition that lost records the checkpoint has read is read again
+    # from its start (after the history's outcomes), instead of failing the query.
+    fail_on_data_loss: bool = True
     # Spark: the cluster manager (None: spark-submit's, or local[2]), settings that beat
     # txstream's own (streaming.engine.session), and the log level (None: log4j's config).
     master: str | None = None

@@ -140,7 +140,12 @@ class Coordinator:
         self.spark = session_for(self.config)
         if (self.config.log_level or "").upper() not in ("DEBUG", "TRACE", "ALL"):
             quiet_failure_traces(self.spark)
-        self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name)
+        from txstream.sinks.refusal_log import RefusalReader, refusal_log
+        from txstream.streaming.engine.timers import schedule_file
+
+        refused = refusal_log(schedule_file(str(self.config.checkpoint_dir)))
+        self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name,
+                                         refusals=RefusalReader(refused))
         if self.config.metrics_port is not None or self.emit is not None:
             from txstream.streaming.engine.metric_totals import seed_from_state
 

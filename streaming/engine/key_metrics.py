@@ -65,6 +65,8 @@ class Counted:
     REJECTED = "rejected"
     DUPLICATES = "duplicates"
     EXPIRED = "expired"
+    # Counted on the driver from the sink's commits (txstream.sinks.refusal_log), not by keys.
+    RELEASES_REFUSED = "releases_refused"
 
     LABELS: Mapping[str, tuple[str, ...]] = {
         HALF_MESSAGES: ("producer_group", "topic"),
@@ -77,6 +79,7 @@ class Counted:
         REJECTED: (),
         DUPLICATES: (),
         EXPIRED: (),
+        RELEASES_REFUSED: ("producer_group", "topic", "reason"),
     }
     HELP: Mapping[str, str] = {
         HALF_MESSAGES: "half messages registered",
@@ -89,6 +92,8 @@ class Counted:
         REJECTED: "end events refused (wrong group, contradicting decision)",
         DUPLICATES: "duplicate half messages or end events recognised",
         EXPIRED: "end events dead-lettered because their half message never came",
+        RELEASES_REFUSED: "committed messages the broker refused to take on their real topic "
+                          "(dead-lettered), by refusal code; not counted as commits",
     }
 
 
@@ -137,7 +142,8 @@ class KeyTally:
                 effects: Iterable[Effect]) -> None:
         """An event applied to the key, the effects it had; ``before``: its transaction as
         it was (the group and topic of a rollback: a resolved transaction keeps no body)."""
-        if isinstance(event, EndEvent) and event.from_check:
+        effects = list(effects)
+        if isinstance(event, EndEvent) and event.from_check and _counted(before, effects):
             self.count(Counted.CHECKS_ANSWERED, event.producer_group, OUTCOME[event.decision])
         half = event if isinstance(event, Message) else before.half if before else None
         self.effects(effects, half)
@@ -191,6 +197,26 @@ class KeyTally:
         if oldest is not None:
             doc["o"] = oldest
         return encode_compact(doc)
+
+
+# The notes of an answer that decided its transaction.
+_DECIDED = frozenset({NoteKind.RELEASED, NoteKind.RELEASE_LOST, NoteKind.ROLLED_BACK})
+
+
+def _counted(before: Transaction | None, effects: list[Effect]) -> bool:
+    """Whether the core counted an answer to a back-check, as its notes say: it decided the
+    transaction, or (UNKNOW) it raised the answered checks. A stale answer, a copy, another
+    group's or one to a resolved transaction did neither."""
+    answered = before.checks_answered if before is not None else 0
+    for effect in effects:
+        if not isinstance(effect, Note):
+            continue
+        now_answered = effect.detail.get("checks_answered")
+        if effect.event in _DECIDED or (effect.event == NoteKind.UNKNOWN
+                                        and isinstance(now_answered, int)
+                                        and now_answered > answered):
+            return True
+    return False
 
 
 def _text(value: object) -> str | None:

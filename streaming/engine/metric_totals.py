@@ -28,6 +28,7 @@ from txstream.sources.offsets import records_of
 from txstream.streaming.engine.key_metrics import (
     BUCKETS_MS,
     KEY_SUMMARIES,
+    Counted,
     bucket_of,
     decode_summary,
 )
@@ -126,6 +127,17 @@ class MetricsBoard:
             if consumed is not None and batch >= self._consumed_batch:
                 self._consumed, self._consumed_batch = consumed, batch
         return counts_of(docs)
+
+    def add_refusals(self, refused: Iterable[Any]) -> None:
+        """Releases the broker refused (``txstream.sinks.delivery.RefusedRelease``): the keys
+        counted each as a commit when they decided it; it is a refusal instead."""
+        with self._lock:
+            for r in refused:
+                self._add((Counted.COMMITS, (r.producer_group, r.topic)), -1)
+                self._add((Counted.RELEASES_REFUSED, (r.producer_group, r.topic, r.code)), 1)
+
+    def _add(self, key: _Counter, n: int) -> None:
+        self._counters[key] = self._counters.get(key, 0) + n
 
     def seed(self, batch: int, summaries: Iterable[str],
              consumed: Mapping[Position, int] | None = None) -> None:

@@ -29,7 +29,8 @@ from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.refusals import Code
 from txstream.schema import EventKind, EventRow
-from txstream.sinks.replay import released_earlier, replay_suspected, written_before
+from txstream.sinks.release_index import released_by_others
+from txstream.sinks.replay import replay_suspected, written_before
 from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.sources.events import Malformed, parse_event
 from txstream.spark_worker import settle
@@ -150,7 +151,7 @@ def _found_released(kafka: KafkaSettings, bucket: Bucket, halves: list[Message],
         ids[txid] = min(since, ids.get(txid, since))
     if not wanted:
         return []
-    found = released_earlier(kafka, wanted, tag, ours)
+    found = released_by_others(kafka, wanted, tag, ours)
     return [FoundReleased(txid, topic) for topic, ids in sorted(wanted.items())
             for txid in sorted(ids) if txid in found]
 

@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
+from txstream.sinks.refusal_log import RefusalReader
 from txstream.streaming.engine.key_metrics import Counted
 from txstream.streaming.engine.metric_totals import MetricsBoard
 
@@ -75,8 +76,10 @@ class ProgressListener(JsonProgressListener):
         emit: Callable[[str], None] | None = None,
         query_name: str | None = None,
         board: MetricsBoard | None = None,
+        refusals: RefusalReader | None = None,
     ) -> None:
         self.board = board or MetricsBoard(open_known=False)
+        self.refusals = refusals  # releases the broker refused, from the sink's commits
         self.emit = emit
         self.query_name = query_name
         self.errors: list[str] = []
@@ -89,6 +92,10 @@ class ProgressListener(JsonProgressListener):
         if self.query_name and progress.name != self.query_name:
             return
         counts = self.board.add_progress(progress)
+        if self.refusals is not None:
+            refused = self.refusals.new()
+            self.board.add_refusals(refused)
+            counts[Counted.COMMITS] = counts.get(Counted.COMMITS, 0) - len(refused)
         if self.emit and (progress.numInputRows or any(counts.values())):
             self.emit(format_batch(progress, counts, self.board.view().pending))
 

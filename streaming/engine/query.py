@@ -38,8 +38,9 @@ from txstream.streaming.engine.key_metrics import KEY_SUMMARIES
 from txstream.streaming.engine.operator import coordinator_function
 from txstream.streaming.engine.timers import restore_schedule
 
-__all__ = ["register", "event_stream", "stateful_outputs", "record_writer", "build_stream",
-           "prepare_checkpoint", "start_coordinator", "OBSERVATION", "KEY_SUMMARIES"]
+__all__ = ["register", "source_options", "event_stream", "stateful_outputs", "record_writer",
+           "build_stream", "prepare_checkpoint", "start_coordinator", "OBSERVATION",
+           "KEY_SUMMARIES"]
 
 OBSERVATION = "txstream"
 
@@ -64,23 +65,30 @@ def register(spark: Any) -> None:
     spark.dataSource.register(KafkaRecordSink)
 
 
-def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
-    """The half and end topics as a stream of ``EventRow`` (``txstream-events``), with the
-    progress time as its watermark; with a ``timer_file``, a batch also runs when a timer in
-    it is due."""
-    register(spark)
-    options = SourceOptions(
+def source_options(config: RunConfig, timer_file: Path | None, read_tasks: int
+                   ) -> SourceOptions:
+    """What the coordinator's source is given of its configuration."""
+    return SourceOptions(
         kafka=config.kafka,
         half_topic=config.topics.half,
         end_topic=config.topics.end,
         topic_partitions=config.topic_partitions,
         key_layout=config.layout,
-        read_tasks=spark.sparkContext.defaultParallelism,
+        read_tasks=read_tasks,
         max_offsets_per_trigger=config.max_offsets_per_trigger or None,
         timer_file=str(timer_file) if timer_file else None,
         journal_topic=config.topics.history,
         idle_wait_ms=IDLE_WAIT_MS,
+        fail_on_data_loss=config.fail_on_data_loss,
     )
+
+
+def event_stream(spark: Any, config: RunConfig, timer_file: Path | None) -> Any:
+    """The half and end topics as a stream of ``EventRow`` (``txstream-events``), with the
+    progress time as its watermark; with a ``timer_file``, a batch also runs when a timer in
+    it is due."""
+    register(spark)
+    options = source_options(config, timer_file, spark.sparkContext.defaultParallelism)
     # The progress time of each batch (a PROGRESS row, sources.progress) becomes the query's
     # event-time watermark, which Spark hands to every state key's call of the next batch:
     # how far the end topic has been read (docs/decisions/0022-trusted-time.md).

@@ -8,7 +8,6 @@ which is how the sink recognises what a crashed run already wrote
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -24,6 +23,7 @@ from txstream.outputs import (
     encode_history,
     encode_visible,
 )
+from txstream.record_ids import coordinator_tag, record_id
 from txstream.refusals import Code
 from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind, OutputRow
 from txstream.sources.events import Malformed
@@ -62,8 +62,9 @@ class Emit(NamedTuple):
     kind: str
     record: Record
     not_before_ms: int | None = None  # the sink holds it until then (a timer run ahead)
-    # (partition, offset) of the half topic record whose value is this record's value, which
-    # the sink reads back (record.value is then null): a half message from the state.
+    # (partition, offset) of the half topic record whose value is this record's value: the
+    # sink reads it back when record.value is null (a half message from the state), and a
+    # refused release's dead letter says where it lies.
     body_at: tuple[int, int] | None = None
 
 
@@ -114,10 +115,10 @@ def _body_lost(message: Message, instead_of: str, reason: str, topics: Topics,
 
 
 def body_at(message: Message) -> tuple[int, int] | None:
-    """Where the body of a half message the state holds without it lies in the half topic
-    (``txstream.state.bucket``: bodies stay in the topic); None when the message carries its
-    body."""
-    if message.body is None and message.queue_id is not None and message.queue_offset is not None:
+    """Where the body of a half message lies in the half topic (None: not known). The state
+    holds a half message without its body (``txstream.state.bucket``: bodies stay in the
+    topic); one read in this batch carries it too."""
+    if message.queue_id is not None and message.queue_offset is not None:
         return message.queue_id, message.queue_offset
     return None
 
@@ -176,17 +177,6 @@ def timer_row(key: int, timeout_ms: int | None, summary: bytes | None = None) ->
     takes no record number."""
     return Emit(Kind.TIMER, Record("", str(key).encode("ascii"), summary),
                 not_before_ms=timeout_ms)
-
-
-def coordinator_tag(topics: Topics) -> str:
-    """Names this coordinator in record ids: two coordinators (topic prefixes) releasing to one
-    topic never take each other's records for their own."""
-    return f"{zlib.crc32(topics.half.encode('utf-8')):08x}"
-
-
-def record_id(tag: str, key: int, epoch: int, number: int) -> str:
-    """``tag.key.epoch.number``: unique per coordinator, equal in a replayed batch."""
-    return f"{tag}.{key}.{epoch}.{number}"
 
 
 def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int

@@ -202,6 +202,8 @@ def _check_answers_counted(txid: str, notes: list[dict[str, Any]]) -> None:
                 _fail(4, txid, f"an answer to check {n}, never sent, was counted")
             if now_answered != answered:
                 counted, answered = n, now_answered
+            if "next_check" in note and due_after:  # the answer brought the next check closer
+                due_after[max(due_after)] = int(note["next_check"])
 
 
 def _life_start(life: list[dict[str, Any]]) -> int:

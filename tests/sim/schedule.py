@@ -154,46 +154,71 @@ def _faults(rng: random.Random, traffic_ms: int, policy: Policy, groups: list[st
     return sorted(faults, key=lambda f: f.at)
 
 
-def _later_faults(rng: random.Random, traffic_ms: int, kinds: tuple[str, ...]
-                  ) -> list[Fault]:
+def _refuse(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    at, length = rng.randrange(traffic_ms), rng.choice((500, 2000, 5000))
+    target = rng.choice(("real", "real", "real", "history", "check"))
+    # One partition, or all of one topic's (the others' topics take writes).
+    faults = [Fault(at, "refuse", length, (target, rng.choice((0, 1, None))))]
+    if rng.random() < 0.5:  # a new checkpoint before the refused batch is replayed
+        faults.append(Fault(at + rng.randrange(length), "fresh"))
+    return faults
+
+
+def _crash_then_fresh(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """A batch dies as it writes, and a new checkpoint replaces the old one before the batch
+    runs again: what it wrote is all a successor can know of it (0029)."""
+    return [Fault(rng.randrange(traffic_ms), "crash",
+                  arg=(rng.choice(("writing", "written")), rng.randrange(1, 6), "fresh"))]
+
+
+def _recreated_while_away(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """The half topic deleted and created again while the coordinator is away, and written
+    past where the checkpoint read it before it looks: only its id tells (KIP-516)."""
+    at, length = rng.randrange(traffic_ms), rng.choice((2000, 5000))
+    return [Fault(at, "outage", length), Fault(at + 100, "recreate", arg=2),
+            Fault(at + length - 50, "filler")]
+
+
+def _lost_then_resent(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """Bodies lost (retention) and, sometimes, a new checkpoint; the application sends a half
+    message again once it reads that its release was lost."""
+    faults = [Fault(rng.randrange(traffic_ms), "retention")]
+    if rng.random() < 0.6:
+        faults.append(Fault(rng.randrange(traffic_ms), "fresh"))
+    return [*faults, Fault(0, "resend", arg=rng.choice((300, 2000)))]
+
+
+def _foreign(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """Another writer on a real topic, its timestamps anything (event time, a mirror, a clock
+    a day behind or ahead): as many records as a few read-back chunks."""
     faults = []
-    if "refuse" in kinds and rng.random() < 0.2:
-        at, length = rng.randrange(traffic_ms), rng.choice((500, 2000, 5000))
-        target = rng.choice(("real", "real", "real", "history", "check"))
-        # One partition, or all of one topic's (the others' topics take writes).
-        faults.append(Fault(at, "refuse", length, (target, rng.choice((0, 1, None)))))
-        if rng.random() < 0.5:  # a new checkpoint before the refused batch is replayed
-            faults.append(Fault(at + rng.randrange(length), "fresh"))
-    if "crash" in kinds and "fresh" in kinds and rng.random() < 0.1:
-        # A batch dies as it writes, and a new checkpoint replaces the old one before the
-        # batch runs again: what it wrote is all a successor can know of it (0029).
-        faults.append(Fault(rng.randrange(traffic_ms), "crash",
-                            arg=(rng.choice(("writing", "written")), rng.randrange(1, 6),
-                                 "fresh")))
-    if "recreate" in kinds and "outage" in kinds and rng.random() < 0.1:
-        # The half topic deleted and created again while the coordinator is away, and written
-        # past where the checkpoint read it before it looks: only its id tells (KIP-516).
-        at, length = rng.randrange(traffic_ms), rng.choice((2000, 5000))
-        faults += [Fault(at, "outage", length), Fault(at + 100, "recreate", arg=2),
-                   Fault(at + length - 50, "filler")]
-    if "resend" in kinds and rng.random() < 0.15:
-        # Bodies lost (retention) and, sometimes, a new checkpoint; the application sends a
-        # half message again once it reads that its release was lost (Scenario.resend_lost).
-        faults.append(Fault(rng.randrange(traffic_ms), "retention"))
-        if rng.random() < 0.6:
-            faults.append(Fault(rng.randrange(traffic_ms), "fresh"))
-        faults.append(Fault(0, "resend", arg=rng.choice((300, 2000))))
-    if "foreign" in kinds and rng.random() < 0.2:
-        # Another writer on a real topic, its timestamps anything (event time, a mirror, a
-        # clock a day behind or ahead): as many records as a few read-back chunks.
-        for _ in range(rng.choice((1, 2, 3))):
-            skew = rng.choice((-86_400_000, -3_600_000, -600_001, 0, 86_400_000))
-            at, after_crash = rng.randrange(traffic_ms), rng.random() < 0.5
-            if after_crash:  # written between a crashed batch and its replay
-                faults.append(Fault(at, "crash", arg=(rng.choice(("writing", "written")),
-                                                      rng.randrange(1, 6))))
-            faults.append(Fault(at, "foreign", arg=(rng.choice((5, 20, 60)), skew,
-                                                    after_crash)))
+    for _ in range(rng.choice((1, 2, 3))):
+        skew = rng.choice((-86_400_000, -3_600_000, -600_001, 0, 86_400_000))
+        at, after_crash = rng.randrange(traffic_ms), rng.random() < 0.5
+        if after_crash:  # written between a crashed batch and its replay
+            faults.append(Fault(at, "crash", arg=(rng.choice(("writing", "written")),
+                                                  rng.randrange(1, 6))))
+        faults.append(Fault(at, "foreign", arg=(rng.choice((5, 20, 60)), skew, after_crash)))
+    return faults
+
+
+# Each family of later faults: the fault kinds it needs, how often, and how it is drawn, from
+# a random stream of its own (one family changed moves no other's schedules).
+_FAMILIES = (
+    ("refuse", ("refuse",), 0.2, _refuse),
+    ("crash-fresh", ("crash", "fresh"), 0.1, _crash_then_fresh),
+    ("recreate-away", ("recreate", "outage"), 0.25, _recreated_while_away),
+    ("resend", ("resend",), 0.15, _lost_then_resent),
+    ("foreign", ("foreign",), 0.2, _foreign),
+)
+
+
+def _later_faults(seed: int, traffic_ms: int, kinds: tuple[str, ...]) -> list[Fault]:
+    faults: list[Fault] = []
+    for name, needs, probability, draw in _FAMILIES:
+        rng = random.Random(f"{seed}:{name}")
+        if set(needs) <= set(kinds) and rng.random() < probability:
+            faults += draw(rng, traffic_ms)
     return faults
 
 
@@ -218,7 +243,7 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
         pipelined=rng.choice((0.0, 0.3, 0.6)),
         like_tansu=rng.random() < 0.5,
     )
-    later = _later_faults(random.Random(seed ^ 0x1A7E), traffic_ms, kinds)
+    later = _later_faults(seed, traffic_ms, kinds)
     if later:
         sc.faults = sorted(sc.faults + later, key=lambda f: f.at)
     if any(f.kind == "foreign" for f in later):

@@ -82,6 +82,9 @@ def describe(note: dict[str, Any]) -> str:
             return f"{_decision(note)}{how}: still unknown{count}{remark}"
         case NoteKind.RELEASED if note.get("again"):
             return "half message sent again: released to its real topic"
+        case NoteKind.RELEASED if note.get("from_dead_letter"):
+            return (f"released from its dead letter ({note['from_dead_letter']}) once the "
+                    f"cause was mended{how}")
         case NoteKind.RELEASED if note.get("found_on"):
             return (f"found already released on {note['found_on']} by a coordinator before "
                     "this checkpoint, which had not noted it: not released again")
@@ -91,6 +94,10 @@ def describe(note: dict[str, Any]) -> str:
             return (f"{_decision(note)}{how}: NOT released: the body of its half message "
                     f"{_gone(note)}; see its dead letter (HALF_MESSAGE_LOST). Sending the "
                     "half message again releases it")
+        case NoteKind.RELEASE_REFUSED:
+            return (f"{_decision(note)}{how}: NOT released: the broker refused it "
+                    f"({note.get('code')}: {note.get('reason')}); it waits on the dead-letter "
+                    f"topic at {note.get('dead_letter')}: txstream dead-letters release")
         case NoteKind.BODY_GONE:
             return f"the body of its half message {_gone(note)}"
         case NoteKind.ROLLED_BACK:

@@ -31,7 +31,7 @@ class IndexStatus:
     PENDING, EARLY_END = _PENDING, _EARLY_END
     EXPIRED = "EXPIRED"  # its end events waited for a half message that never came
     UNSEEN = "UNSEEN"  # on the half topic; the coordinator wrote nothing about it yet
-    REFUSED = "REFUSED"  # its half message went to the dead-letter topic
+    REFUSED = "REFUSED"  # its half message, or its release, went to the dead-letter topic
 
     OPEN = (_PENDING, _EARLY_END)
     RESOLVED = tuple(s.value for s in Status if s.resolved)
@@ -54,7 +54,8 @@ class TxRow:
     checks_sent: int = 0
     checks_answered: int = 0
     next_check_ms: int | None = None
-    outcome: str | None = None  # released, rolled_back, discarded, expired, release_lost
+    # released, rolled_back, discarded, expired, release_lost, release_refused
+    outcome: str | None = None
     reason: str | None = None  # why: the discard's or expiry's reason, an operator's remark
     operator: str | None = None  # who resolved it by hand
     updated_ms: int | None = None  # time of the latest entry
@@ -64,7 +65,7 @@ COLUMNS = tuple(f.name for f in fields(TxRow))
 
 _FINAL_NOTES = {NoteKind.RELEASED: _COMMITTED, NoteKind.ROLLED_BACK: _ROLLED_BACK,
                 NoteKind.DISCARDED: _DISCARDED, NoteKind.EXPIRED: IndexStatus.EXPIRED,
-                NoteKind.RELEASE_LOST: _LOST}
+                NoteKind.RELEASE_LOST: _LOST, NoteKind.RELEASE_REFUSED: IndexStatus.REFUSED}
 
 
 def _int(value: Any) -> int | None:

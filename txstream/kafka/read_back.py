@@ -18,7 +18,7 @@ from typing import Any
 
 from txstream.kafka.reading import ConsumerFor, Unreadable, read_range
 
-__all__ = ["SKEW_MARGIN_MS", "READ_BACK_CHUNK", "header_text", "read_back"]
+__all__ = ["SKEW_MARGIN_MS", "READ_BACK_CHUNK", "Chunk", "header_text", "read_back"]
 
 # Executors' clocks against the driver's: NTP keeps them within milliseconds. A larger margin
 # only reads more.
@@ -34,6 +34,15 @@ def header_text(headers: Iterable[tuple[str, Any]] | None, wanted: str) -> str |
     return None
 
 
+class Chunk(list[Any]):
+    """The records of one step backwards, in offset order, and the offset it starts at (the
+    records of ``[start, end)`` that could be read: a chunk of a compacted log has gaps)."""
+
+    def __init__(self, start: int, records: Iterable[Any]) -> None:
+        super().__init__(records)
+        self.start = start
+
+
 def _own_and_older(rec: Any, horizon: int, own: Callable[[Any], bool]) -> bool:
     ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp >= 0 else None
     return ts is not None and ts < horizon and own(rec)
@@ -41,7 +50,7 @@ def _own_and_older(rec: Any, horizon: int, own: Callable[[Any], bool]) -> bool:
 
 def read_back(consumers: ConsumerFor, topic: str, partition: int, end: int, since_ms: int,
               own: Callable[[Any], bool], stall_s: float, *, floor: int = 0,
-              stop_at_end: bool = False) -> Iterator[list[Any]]:
+              stop_at_end: bool = False) -> Iterator[Chunk]:
     """The records of ``[floor, end)``, newest chunk first (each in offset order), until a
     chunk holds a record of the coordinator's own (``own``) sent before ``since_ms``. A record
     kafka-python cannot parse is left out: it is nobody's. ``stall_s`` and ``stop_at_end`` as
@@ -49,9 +58,9 @@ def read_back(consumers: ConsumerFor, topic: str, partition: int, end: int, sinc
     horizon = since_ms - SKEW_MARGIN_MS
     while end > floor:
         start = max(floor, end - READ_BACK_CHUNK)
-        chunk = [rec for rec in read_range(consumers, topic, partition, start, end, stall_s,
-                                           stop_at_end=stop_at_end)
-                 if not isinstance(rec, Unreadable)]
+        chunk = Chunk(start, (rec for rec in read_range(consumers, topic, partition, start, end,
+                                                        stall_s, stop_at_end=stop_at_end)
+                              if not isinstance(rec, Unreadable)))
         yield chunk
         if any(_own_and_older(rec, horizon, own) for rec in chunk):
             return
