@@ -46,4 +46,15 @@ if [ ! -d "$KAFKA_DIR/libs" ] || [ "$(cat "$KAFKA_DIR/pom.sha256" 2>/dev/null)" 
   mv "$KAFKA_DIR/libs.partial" "$KAFKA_DIR/libs"
   echo "$KAFKA_POM_HASH" > "$KAFKA_DIR/pom.sha256"
 fi
+# Its class-data archive, for these jars and this JVM: each node starts ~2.5 s sooner (1 node
+# 8.5 -> 5.9 s on 2 cores, docs/operations.md). Without it Kafka only starts slower.
+JAVA_BUILD=$(java -version 2>&1 | tr '\n' ' ')
+if [ ! -f "$KAFKA_DIR/classes.jsa" ] || [ "$(cat "$KAFKA_DIR/java.version" 2>/dev/null)" != "$JAVA_BUILD" ]; then
+  echo "setup: writing Apache Kafka's class-data archive (starts a broker once)"
+  if "$VENV/bin/python" scripts/kafka_class_archive.py; then
+    echo "$JAVA_BUILD" > "$KAFKA_DIR/java.version"
+  else
+    echo "setup: no class-data archive: Apache Kafka starts without it, slower"
+  fi
+fi
 echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from kafka.errors import KafkaTimeoutError, NotEnoughReplicasError
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka import KafkaSettings
-from txstream.kafka_broker import KafkaBroker
+from txstream.kafka_broker import KafkaBroker, _cluster_id, cluster_properties
 from txstream.streaming.cli import main
 
 from kafka_helpers import read_topic, wait_until
@@ -175,6 +176,25 @@ def test_a_missing_install_says_to_run_the_setup(tmp_path: Path) -> None:
         with pytest.raises(BrokerUnavailable, match=r"scripts/setup\.sh"):
             broker.start()
         assert not broker.running
+
+
+@pytest.mark.parametrize(("nodes", "replicas", "min_isr"), [(1, "1", "1"), (3, "3", "2")])
+def test_every_internal_topic_is_replicated_as_the_cluster_allows(
+        nodes: int, replicas: str, min_isr: str) -> None:
+    shared = cluster_properties(nodes, auto_create_topics=True)
+    assert {shared[k] for k in shared if k.endswith("replication.factor")} == {replicas}
+    assert {shared[k] for k in shared if k.endswith("min.isr") or k == "min.insync.replicas"
+            } == {min_isr}
+    assert shared["auto.create.topics.enable"] == "true"
+    assert cluster_properties(nodes, auto_create_topics=False)["auto.create.topics.enable"] == (
+        "false")
+
+
+def test_a_cluster_id_never_reads_as_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Base64 of a first byte 0xf8 starts with "-": the storage tool took it for a flag.
+    ids = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(16))])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(ids))
+    assert _cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"
 
 
 @pytest.mark.parametrize("args", [["--nodes", "3"], ["--kafka", "--log", "x.log"]])

@@ -42,6 +42,9 @@ def cluster_properties(nodes: int, auto_create_topics: bool) -> dict[str, str]:
         # A consumer group's first member would otherwise wait 3 s for others to join.
         "group.initial.rebalance.delay.ms": "0",
         "num.partitions": "1",
+        # The log cleaner's map is allocated whole at start (128 MiB by default, two thirds of
+        # an idle node's memory); the compacted topics of a test broker are small.
+        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
     }
 
 
@@ -66,8 +69,11 @@ class KafkaBroker:
         java: str = "java",
         jvm_options: tuple[str, ...] = JVM_OPTIONS,
         reserve: Callable[[], int] = free_port,
+        archive_to: Path | None = None,
     ) -> None:
-        """``reserve`` picks each free loopback port (the tests give their own ranges)."""
+        """``reserve`` picks each free loopback port (the tests give their own ranges);
+        ``archive_to``: the first node writes the classes it loaded there as it stops
+        (``scripts/kafka_class_archive.py``, run by the set-up)."""
         if nodes not in (1, 3):
             raise ValueError(f"nodes must be 1 or 3, not {nodes}")
         self.nodes = nodes
@@ -78,6 +84,7 @@ class KafkaBroker:
         self.libs = Path(libs) if libs is not None else kafka_libs()
         self.java = java
         self.jvm_options = jvm_options
+        self.archive_to = archive_to
         self.directory: Path | None = None
         self._nodes: list[KafkaNode] = []
         self._down: set[int] = set()  # nodes killed on purpose (kill_node)
@@ -97,7 +104,7 @@ class KafkaBroker:
             self._nodes = self._make_nodes(java)
             self._format(deadline)
             for node in self._nodes:
-                node.start()
+                node.start(self.archive_to if node.node_id == 0 else None)
             self._wait_ready(deadline, self.nodes)
         except BaseException:
             self.stop()
@@ -135,8 +142,7 @@ class KafkaBroker:
         return made
 
     def _format(self, deadline: float) -> None:
-        # A cluster id is 16 random bytes in URL-safe base64, as `kafka-storage random-uuid`.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         formats = [(node, node.format_storage(cluster_id)) for node in self._nodes]
         for node, proc in formats:
             try:
@@ -196,16 +202,16 @@ class KafkaBroker:
                 pass
         return False
 
-    def stop(self) -> None:
-        """Stops every node (SIGTERM, then SIGKILL: the data is thrown away) and removes the
-        data."""
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stops every node (SIGTERM, then SIGKILL past ``timeout_s``: the data is thrown away)
+        and removes the data."""
         nodes, self._nodes = self._nodes, []
         for node in nodes:
             node.terminate()  # all at once: they stop side by side
         for node in nodes:
             # A controlled shutdown only hands leadership over; with the data deleted, waiting
             # for the last nodes to find no quorum only slows every stop.
-            node.stop(timeout_s=3.0)
+            node.stop(timeout_s=timeout_s)
         self._down.clear()
         directory, self.directory = self.directory, None
         if directory is not None:
@@ -303,6 +309,15 @@ class KafkaBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _cluster_id() -> str:
+    """16 random bytes in URL-safe base64, as ``kafka-storage random-uuid``; like Kafka's, never
+    one that starts with "-": the storage tool would read it as an option."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def _text(value: Any) -> str:

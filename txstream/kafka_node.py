@@ -17,12 +17,13 @@ from pathlib import Path
 
 from txstream.errors import BrokerUnavailable
 
-__all__ = ["KafkaNode", "kafka_libs", "check_installed", "SETUP_HINT", "JVM_OPTIONS"]
+__all__ = ["KafkaNode", "kafka_libs", "class_archive", "check_installed", "SETUP_HINT",
+           "JVM_OPTIONS"]
 
 SETUP_HINT = "run scripts/setup.sh (or make setup)"
 # Measured on 2 cores (docs/operations.md, "An Apache Kafka broker"): the C1 compiler alone
 # starts a node about a second sooner, and a test broker never runs long enough for C2 to pay.
-JVM_OPTIONS = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+JVM_OPTIONS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -45,6 +46,13 @@ def kafka_libs() -> Path:
     """Where the set-up put the jars: ``TXSTREAM_KAFKA_LIBS``, else ``<venv>/kafka/libs``."""
     given = os.environ.get("TXSTREAM_KAFKA_LIBS")
     return Path(given) if given else Path(sys.prefix) / "kafka" / "libs"
+
+
+def class_archive(libs: Path) -> Path:
+    """The class-data archive (AppCDS) the set-up writes beside the jars: a JVM that maps it
+    loads Kafka's and Scala's classes already parsed, and starts seconds sooner. A JVM that
+    does not match it (Java updated since) ignores it."""
+    return libs.parent / "classes.jsa"
 
 
 def check_installed(libs: Path, java: str) -> str:
@@ -90,9 +98,14 @@ class KafkaNode:
         self.config_path.write_text("\n".join(lines) + "\n")
         (self.directory / "log4j2.properties").write_text(_LOG4J2.format(path=self.log_path))
 
-    def _command(self, main: str, *args: str) -> list[str]:
+    def _command(self, main: str, *args: str, archive_to: Path | None = None) -> list[str]:
         log4j = self.directory / "log4j2.properties"
-        return [self.java, *self.jvm_options, f"-Dlog4j2.configurationFile={log4j}",
+        archive = class_archive(self.libs)
+        if archive_to is not None:
+            sharing = [f"-XX:ArchiveClassesAtExit={archive_to}"]
+        else:
+            sharing = [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+        return [self.java, *self.jvm_options, *sharing, f"-Dlog4j2.configurationFile={log4j}",
                 "-cp", f"{self.libs}/*", main, *args]
 
     def format_storage(self, cluster_id: str) -> subprocess.Popen[bytes]:
@@ -103,10 +116,11 @@ class KafkaNode:
                               "--config", str(self.config_path), "--ignore-formatted"),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def start(self) -> None:
+    def start(self, archive_to: Path | None = None) -> None:
+        """Starts the JVM; ``archive_to``: write the classes it loaded there when it exits."""
         with open(self.stdout_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self._command(_MAIN, str(self.config_path)), stdout=out,
+                self._command(_MAIN, str(self.config_path), archive_to=archive_to), stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)  # Ctrl-C reaches us, and we stop it
         self._terminated = False
