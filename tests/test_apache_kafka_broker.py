@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaTimeoutError, NotEnoughReplicasError
+from kafka.errors import KafkaError, KafkaTimeoutError, NotEnoughReplicasError
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka import KafkaSettings
@@ -26,6 +26,9 @@ from txstream.streaming.cli import main
 
 from kafka_helpers import read_topic, wait_until
 from ports import reserve_port
+
+# One worker runs them all under --dist loadgroup: one session broker, not one per worker.
+pytestmark = pytest.mark.xdist_group("apache_kafka")
 
 # Failure noticed in 3 s, not Kafka's 9 (broker.session.timeout.ms): a killed node leaves the
 # ISR that soon, and the test waits that long.
@@ -110,8 +113,10 @@ def test_without_auto_creation_a_produce_to_a_missing_topic_is_refused(
             assert pid is not None
             kafka.pause()
             assert _process_state(pid) == "T"
+            assert not _answers(kafka.bootstrap_servers)
             kafka.resume()
             assert _process_state(pid) != "T"
+            assert _answers(kafka.bootstrap_servers)
             admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
             try:
                 admin.create_topics({unique: {"num_partitions": 1}})
@@ -242,6 +247,22 @@ def _lines_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> 
         if marker in seen[-1]:
             return seen
     raise AssertionError(f"no {marker!r} line within {timeout_s}s: {seen}")
+
+
+def _answers(servers: str) -> bool:
+    """Whether the cluster answers a metadata request within 2 s."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=2000,
+                                 bootstrap_timeout_ms=2000)
+    except KafkaError:
+        return False
+    try:
+        admin.describe_cluster()
+        return True
+    except KafkaError:
+        return False
+    finally:
+        admin.close()
 
 
 def _process_state(pid: int) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-import signal
 import socket
 import tempfile
 import time
@@ -242,10 +241,10 @@ class KafkaBroker:
 
     def pause_node(self, i: int) -> None:
         """SIGSTOP: the node holds its connections and answers nothing, as a hung JVM."""
-        self._node(i).signal(signal.SIGSTOP)
+        self._node(i).pause()
 
     def resume_node(self, i: int) -> None:
-        self._node(i).signal(signal.SIGCONT)
+        self._node(i).resume()
 
     def kill_node(self, i: int) -> None:
         """SIGKILL, as a crash: its data stays for :meth:`restart_node`."""

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -139,6 +140,27 @@ class KafkaNode:
     def signal(self, signum: int) -> None:
         if self.running and self.proc is not None:
             self.proc.send_signal(signum)
+
+    def pause(self) -> None:
+        """SIGSTOP, returning once the JVM is stopped (a signal arrives later than it is sent)."""
+        self.signal(signal.SIGSTOP)
+        self._await_state(stopped=True)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self._await_state(stopped=False)
+
+    def _await_state(self, stopped: bool, timeout_s: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.pid is not None and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:  # gone, or no /proc here: nothing to wait for
+                return
+            if (state in ("t", "T")) == stopped:
+                return
+            time.sleep(0.01)
 
     def terminate(self) -> None:
         """Asks the JVM to stop (SIGTERM); :meth:`stop` waits for it."""
