@@ -1,7 +1,8 @@
 """An Apache Kafka cluster (KRaft, 1 or 3 nodes) started by this process, beside tansu.
 
-tansu (:mod:`txstream.broker`) needs no JVM, but it is not Kafka: for one, its read_committed
-consumers see aborted transactional records. This one runs Kafka's own broker from the jars
+tansu (:mod:`txstream.broker`) needs no JVM, but it is not Kafka: for one, its transactions are
+not Kafka's (a read_committed consumer was handed an aborted record, and committed records went
+missing; docs/operations.md). This one runs Kafka's own broker from the jars
 ``scripts/setup.sh`` copied (``deploy/kafka/pom.xml``), with the same interface as
 :class:`txstream.broker.EmbeddedBroker`, plus a node's faults for replication tests.
 """
