@@ -136,7 +136,8 @@ def test_three_nodes_refuse_acks_all_below_min_insync_replicas_until_the_node_is
         pair, trio = f"{unique}-rf2", f"{unique}-rf3"
         admin = KafkaAdminClient(bootstrap_servers=servers)
         try:
-            admin.create_topics({pair: {"assignments": {0: [0, 1]}}, trio: {}})
+            admin.create_topics({pair: {"assignments": {0: [0, 1]}}, trio: {}},
+                                wait_for_metadata=True)
         finally:
             admin.close()
         assert sorted(wait_until(lambda: kafka.describe_partition(trio)["isr_nodes"])) == [0, 1, 2]

@@ -267,28 +267,30 @@ class KafkaBroker:
     def describe_partition(self, topic: str, partition: int = 0,
                            timeout_s: float = 15.0) -> dict[str, Any]:
         """The partition as the cluster's metadata says: ``leader_id``, ``replica_nodes``,
-        ``isr_nodes``, ... Asks the live nodes, again while one it picked does not answer
-        (a node just killed is in the metadata until the controller fences it)."""
+        ``isr_nodes``, ... Asks the live nodes, again while the one it picked does not answer
+        (a node just killed is in the metadata until the controller fences it) or does not
+        know the partition yet (a new topic reaches each node's metadata a moment later)."""
         from kafka import KafkaAdminClient  # type: ignore[import-untyped]
         from kafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
 
         deadline = time.monotonic() + timeout_s
         while True:
+            described: Any = None
             try:
                 admin = KafkaAdminClient(bootstrap_servers=self._live_servers())
                 try:
                     (described,) = admin.describe_topics([topic])
                 finally:
                     admin.close()
-                break
+                for found in described["partitions"]:
+                    if found["partition_index"] == partition:
+                        return dict(found)
             except KafkaConnectionError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.2)
-        for found in described["partitions"]:
-            if found["partition_index"] == partition:
-                return dict(found)
-        raise KeyError(f"{topic} has no partition {partition}: {described}")
+            if time.monotonic() > deadline:
+                raise KeyError(f"{topic} has no partition {partition}: {described}")
+            time.sleep(0.2)
 
     def _live_servers(self) -> str:
         live = [n for n in self._nodes if n.node_id not in self._down] or self._nodes
