@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml bench/pyproject.toml scripts/setup.sh
+$(VENV)/.installed: pyproject.toml bench/pyproject.toml deploy/kafka/pom.xml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $@
 

@@ -1,9 +1,10 @@
 """Shared fixtures: one real tansu broker and one local SparkSession per test session (per
-xdist worker), and the tiers.
+xdist worker), Apache Kafka when a test asks for it, and the tiers.
 
 A test's tier comes from the fixtures it uses, never from a marker written by hand: asking for
-``spark``, ``coordinator_processes``, ``broker``/``kafka`` or ``cluster`` marks it ``spark``,
-``kafka`` or ``cluster``. A test without them that still starts Spark, a coordinator process
+``spark``, ``coordinator_processes``, ``broker``/``kafka`` (or Apache Kafka's: ``apache_kafka``,
+``own_kafka_cluster``, ``broker_processes``) or ``cluster`` marks it ``spark``, ``kafka`` or
+``cluster``. A test without them that still starts Spark, a coordinator process
 or a broker fails and says which fixture to use, so nothing slow leaks into ``make test-fast``
 (``-m fast``: no Spark, no broker).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,13 +25,16 @@ import pytest
 
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
+from txstream.kafka_broker import KafkaBroker
 from txstream.topics import Topics
 
 from ports import reserve_port
 
 # Fixture -> the marker it gives every test that uses it (directly or through other fixtures).
 FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": "cluster",
-                 "broker": "kafka", "kafka": "kafka", "own_broker": "kafka"}
+                 "broker": "kafka", "kafka": "kafka", "own_broker": "kafka",
+                 "apache_kafka": "kafka", "apache_kafka_settings": "kafka",
+                 "own_kafka_cluster": "kafka", "broker_processes": "kafka"}
 # Markers of tests that need Spark or a broker: the fast tier is everything else.
 SLOW_MARKS = {"spark", "kafka", "cluster", "crash", "soak"}
 # Tests that share one resource of the machine run on one xdist worker, one after another
@@ -76,10 +81,16 @@ def _refuse(what: str, fixture: str) -> Any:
 _HEAVY = ({"txstream.streaming.cli", "txstream"}, {"run", "demo", "broker", "bench", "console"})
 
 
+# Apache Kafka's JVMs, however started: the broker and its storage formatter.
+_KAFKA_MAINS = {"kafka.Kafka", "kafka.tools.StorageTool"}
+
+
 def _heavy(args: Any) -> bool:
     words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
     names = [w.rsplit("/", 1)[-1] for w in words]
     if any(n in ("spark-submit", "spark-class") or n.startswith("tansu") for n in names):
+        return True
+    if _KAFKA_MAINS & set(words):
         return True
     for i, word in enumerate(words[:-1]):
         if (word in _HEAVY[0] or names[i] == "txstream") and words[i + 1] in _HEAVY[1]:
@@ -96,6 +107,13 @@ def _tier_walls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(SparkSession.Builder, "getOrCreate", _refuse("Spark", "spark"))
     monkeypatch.setattr(EmbeddedBroker, "start", _refuse("a tansu broker", "broker"))
+    refuse_kafka = _refuse("Apache Kafka", "apache_kafka")
+
+    def kafka_start(self: KafkaBroker, *args: Any, **kwargs: Any) -> Any:
+        self.check_installed()  # a fast test may see a missing install refused, never a JVM
+        return refuse_kafka()
+
+    monkeypatch.setattr(KafkaBroker, "start", kafka_start)
     popen = subprocess.Popen.__init__
 
     def checked(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
@@ -141,6 +159,58 @@ def own_broker() -> Iterator[Callable[..., EmbeddedBroker]]:
     yield make
     for broker in made:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[KafkaBroker]:
+    """One Apache Kafka node per session (per xdist worker), started on first use."""
+    with KafkaBroker(port=reserve_port(), reserve=reserve_port) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_settings(apache_kafka: KafkaBroker) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=apache_kafka.bootstrap_servers)
+
+
+@pytest.fixture
+def own_kafka_cluster() -> Iterator[Callable[..., KafkaBroker]]:
+    """Apache Kafka clusters of the test's own (3 nodes, auto-creation off, nodes to kill or
+    pause), stopped after it: ``own_kafka_cluster(**KafkaBroker options)``, not yet started."""
+    made: list[KafkaBroker] = []
+
+    def make(**options: Any) -> KafkaBroker:
+        made.append(KafkaBroker(**{"port": reserve_port(), "reserve": reserve_port, **options}))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.stop()
+
+
+@pytest.fixture
+def broker_processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """``txstream broker ARGS`` processes of the test (their output in ``stdout``, text),
+    killed after it if still running: ``broker_processes(args)``, started."""
+    made: list[subprocess.Popen[str]] = []
+
+    def start(args: list[str]) -> subprocess.Popen[str]:
+        made.append(subprocess.Popen([sys.executable, "-m", "txstream.streaming.cli", "broker",
+                                      *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True))
+        return made[-1]
+
+    yield start
+    for proc in made:
+        if proc.poll() is None:
+            proc.terminate()  # the command stops its brokers on SIGTERM
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.fixture
