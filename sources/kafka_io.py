@@ -67,6 +67,10 @@ class SourceOptions:
     read_timeout_ms: int = field(default=30_000, metadata={"minimum": 1})
     check_crcs: bool = True
     fail_on_data_loss: bool = True
+    # How long a partition must end below the checkpoint before that counts as records lost:
+    # after a leader election the new leader's high watermark may lag the old one's for a
+    # moment (sources.data_loss). A topic created again (its id) counts at once.
+    loss_confirm_ms: int = field(default=30_000, metadata={"minimum": 0})
     # Spark tasks per micro-batch (slices are grouped); best: the cores
     read_tasks: int = field(default=2, metadata={"minimum": 1})
     # The coordinator's timer schedule (txstream.timer_schedule): the source ticks when a timer

@@ -57,7 +57,7 @@ from pyspark.sql.streaming.datasource import (
 from txstream.kafka import topic_ids
 from txstream.kafka.provision import create_command, ensure_topics, topic_spec
 from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
-from txstream.sources.data_loss import TOPIC_IDS, find_loss
+from txstream.sources.data_loss import TOPIC_IDS, Loss, find_loss
 from txstream.sources.event_rows import (
     arrow_schema,
     progress_row,
@@ -128,6 +128,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._progress = ProgressClock()
         self._sleep = sleep
         self._quiet_since: int | None = None  # since when latestOffset found nothing new
+        # Partitions seen ending below the checkpoint, since when; those already told of.
+        self._below_since: dict[tuple[str, str], int] = {}
+        self._told_below: frozenset[tuple[str, str]] = frozenset()
 
     # --- driver side ---------------------------------------------------------------------
 
@@ -169,8 +172,18 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ids = topic_ids(consumer, self.options.topics)
         return found
 
+    def _refresh_ids(self) -> None:
+        """The topics' ids as of now: a batch about to be planned carries them in its offset,
+        and its replay is refused from a topic created again since (:meth:`_same_topics`), so
+        they must be no older than the ends it was planned from. Asked only when the ends
+        moved: once per planned batch, not at every call of Spark's."""
+        consumer = consumer_for(self.options, "offsets")
+        with metadata_calls(self.options):
+            consumer.topics()
+        self._ids = topic_ids(consumer, self.options.topics)
+
     def _high_watermarks(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
-        started = self._clock()
+        started, listed = self._clock(), self._partitions_at
         with metadata_calls(self.options):
             parts = self._topic_partitions()
         hints = {
@@ -178,9 +191,12 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for t, ps in parts.items() for p in ps
         }
         # A partition gone (its topic re-created with fewer) has no end: nothing moves there.
-        self._known_end = high_watermarks(self.options, parts, hints)
-        self._progress.observed(started, {tp: hw for tp, hw in self._known_end.items()
-                                          if tp[0] == self.options.end_topic})
+        known, self._known_end = self._known_end, high_watermarks(self.options, parts, hints)
+        if known and known != self._known_end and self._partitions_at == listed:
+            self._refresh_ids()  # (a listing just now read them already)
+        # Both topics: a held end event expires only once the half topic is read past when it
+        # was held, as a discard waits for the end topic (sources.progress).
+        self._progress.observed(started, dict(self._known_end))
         out: Offsets = {t: {} for t in parts}
         for (topic, partition), hw in self._known_end.items():
             out[topic][str(partition)] = hw
@@ -254,10 +270,25 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._high_watermarks(canonical({}, self.options.topics))
 
+    def _confirmed(self, loss: Loss) -> Loss:
+        """``loss`` less the partitions seen ending below the checkpoint for less than
+        ``loss_confirm_ms`` (a new leader's high watermark catching up): those are not read
+        meanwhile, as their end is below where they were read to."""
+        now = self._clock()
+        self._below_since = {p: self._below_since.get(p, now) for p in loss.below}
+        waiting = frozenset(p for p, since in self._below_since.items()
+                            if now - since < self.options.loss_confirm_ms)
+        for p in sorted(waiting - self._told_below):
+            log.warning("%s: waiting up to %d ms for it to come back (a leader election) "
+                        "before taking it for records lost", loss.below[p],
+                        self.options.loss_confirm_ms)
+        self._told_below = waiting
+        return loss.without(waiting)
+
     def _lost(self, start: Mapping[str, Any], records: Mapping[str, Mapping[str, int]],
               latest: Offsets) -> set[tuple[str, str]]:
         """The partitions whose records the broker lost (:mod:`txstream.sources.data_loss`)."""
-        loss = find_loss(records, latest, start.get(TOPIC_IDS, {}), self._ids)
+        loss = self._confirmed(find_loss(records, latest, start.get(TOPIC_IDS, {}), self._ids))
         if loss.why and self.options.fail_on_data_loss:
             raise SourceReadError(
                 f"the broker no longer has records the checkpoint has read: "
@@ -313,8 +344,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             canonical(records, self._topic_order(records))) or tick != start.get(TICK)
         if moved:
             self._quiet_since = None
-            planned = {(self.options.end_topic, int(p)): o
-                       for p, o in out.get(self.options.end_topic, {}).items()}
+            planned = {(t, int(p)): o for t in self.options.topics
+                       for p, o in out.get(t, {}).items()}
             ends_read = self._progress.progress(planned, ends_read)
             self._progress.planned(ends_read)
         elif self._quiet_since is None:
@@ -361,7 +392,29 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(topic, {})[str(partition)] = hw
         return canonical(out, self.options.topics)
 
+    def _same_topics(self, end: Mapping[str, Any]) -> None:
+        """Refuse to read a planned batch again (Spark replays the batch a crash left
+        uncommitted) from a topic deleted and created again since it was planned: the records
+        under its offsets are others now, and the replay would emit other records under the
+        ids its first run wrote (:mod:`txstream.sinks.replay`)."""
+        planned = end.get(TOPIC_IDS) or {}
+        if not planned:
+            return
+        ids = self._ids
+        if not ids:  # a new planner (a restart): ask the broker
+            consumer = consumer_for(self.options, "offsets")
+            consumer.topics()  # fresh metadata: a kept client's may predate the new topic
+            ids = topic_ids(consumer, self.options.topics)
+        changed = sorted(t for t, i in planned.items() if ids.get(t) not in (None, i))
+        if changed:
+            raise SourceReadError(
+                f"{', '.join(changed)} was deleted and created again since this micro-batch was "
+                "planned: the records it read are gone, and the batch cannot run again. Start "
+                "on a new checkpoint (txstream run --checkpoint-dir): the history topic's "
+                "outcomes are read back first.")
+
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        self._same_topics(end)
         slices = []
         journal = Journal.of(end.get(JOURNAL))
         again = journal.again if journal is not None else {}

@@ -1,12 +1,16 @@
-"""How far the end topic has been read, on the coordinator's clock: the source's progress time.
+"""How far the half and end topics have been read, on the coordinator's clock: the source's
+progress time.
 
-A discard for age must not come before a commit that was written in time
-(docs/decisions/0022-trusted-time.md). Record timestamps cannot say when a commit was written
-(a topic left at CreateTime keeps the producer's clock, and tansu keeps it even at
-LogAppendTime), so the source measures it itself: each time it plans a micro-batch it learns
-every end partition's end offset (high watermark), and so knows that every record written
-before then lies below it. Once a planned batch reaches those offsets on every end partition,
-every end record written before that time has been read: that time is the progress time.
+A discard for age must not come before a commit that was written in time, and an end event
+held for its half message must not expire before the half topic has been read past when the
+end event came (docs/decisions/0022-trusted-time.md). Record timestamps cannot say when a
+record was written (a topic left at CreateTime keeps the producer's clock, and tansu keeps it
+even at LogAppendTime), so the source measures it itself: each time it plans a micro-batch it
+learns every half and end partition's end offset (high watermark), and so knows that every
+record written before then lies below it. Once a planned batch reaches those offsets on every
+partition, every record written before that time has been read: that time is the progress
+time. (The half topic read behind the end topic, a backlog under ``maxOffsetsPerTrigger``,
+holds it back: a discard then waits for that too, which costs nothing but the wait.)
 
 It travels in the stream offset (``"_ends_read": {"at": ms}``), so a replayed batch carries the
 same one, and in a PROGRESS row of each batch; Spark's event-time watermark (the maximum of the

@@ -231,6 +231,8 @@ def on_timeout(tx: Transaction, now: int, policy: Policy, ends_read: int | None 
         return _check_or_discard(tx, now, policy)
     if action is Action.EXPIRE:
         assert tx.held
+        if waits_for_ends(tx, now, policy, now if ends_read is None else ends_read):
+            return tx, []
         waited = policy.orphan_end_timeout / 1000
         reason = f"no half message for transaction {tx.transaction_id} within {waited:g}s"
         effects: list[Effect] = [DeadLetter(end, reason, Code.NO_HALF_MESSAGE)

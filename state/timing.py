@@ -107,7 +107,11 @@ def discard_due(tx: Transaction, now: int, policy: Policy) -> int | None:
 def waits_for_ends(tx: Transaction, now: int, policy: Policy, ends_read: int) -> bool:
     """Whether the transaction's timer would discard it but must wait: the end topic has not
     been read up to when the discard became due, so a commit written before then may still be
-    unread (and must win)."""
+    unread (and must win). Or it would expire held end events but must wait: the half topic
+    has not been read up to when they were held (their half message, written before them,
+    may lie in a backlog). ``ends_read``: how far both topics have been read."""
+    if tx.status is Status.EARLY_END and now >= tx.deadline:
+        return ends_read < tx.deadline - policy.orphan_end_timeout
     if tx.status is not Status.PENDING or now < tx.deadline:
         return False
     due = discard_due(tx, now, policy)

@@ -233,8 +233,8 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     ahead = {topics.half: {"0": 20, "1": 3}, topics.end: {"0": 0, "1": 0}}
     with pytest.raises(SourceReadError,
                        match=r"HALF_TOPIC/0 ends at 12, below the checkpoint's 20"):
-        reader.latestOffset(ahead, ReadAllAvailable())
-    lenient = _reader(kafka, topics, fail_on_data_loss="false")
+        _reader(kafka, topics, loss_confirm_ms="0").latestOffset(ahead, ReadAllAvailable())
+    lenient = _reader(kafka, topics, fail_on_data_loss="false", loss_confirm_ms="0")
     assert lenient.latestOffset(ahead, ReadAllAvailable())[topics.half] == {"0": 0, "1": 3}
 
     # Trigger.AvailableNow: nothing produced after prepare is planned.

@@ -171,6 +171,19 @@ def test_held_end_expires_after_the_orphan_timeout() -> None:
     assert new is not None and new.status is Status.PENDING and only(effects, Release) == []
 
 
+def test_a_held_end_waits_for_the_half_topic_to_be_read_past_when_it_was_held() -> None:
+    """Issue 39: with the half topic read behind the end topic (a backlog, more end partitions
+    than half ones under maxOffsetsPerTrigger) a commit's half message may not have been read
+    yet when the orphan timeout ends: it must not be dead-lettered NO_HALF_MESSAGE."""
+    tx = apply(None, end(COMMIT), T0, P)[0]
+    assert tx is not None
+    due = T0 + P.orphan_end_timeout
+    same, effects = on_timeout(tx, due + 30_000, P, ends_read=T0 - 1)
+    assert same is tx and effects == []
+    gone, effects = on_timeout(tx, due + 30_000, P, ends_read=T0)
+    assert gone is None and kinds(effects) == [DeadLetter, Note]
+
+
 def test_every_held_end_is_dead_lettered_on_expiry() -> None:
     tx = apply(None, end(COMMIT, group="OTHER"), T0, P)[0]
     tx = apply(tx, end(UNKNOWN, group="G"), T0 + 1, P)[0]

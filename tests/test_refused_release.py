@@ -8,11 +8,14 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from txstream.headers import header_dict
+from txstream.kafka import make_producer
 from txstream.kafka.memory import MemoryBroker
+from txstream.kafka.reading import read_topic
 from txstream.message import Message
 from txstream.outputs import decode_history, encode_history, encode_visible
 from txstream.schema import Kind
@@ -138,3 +141,58 @@ def test_a_refused_release_is_released_once_when_its_topic_exists(
     assert notes[1]["from_dead_letter"] == "0@0"
     assert _release_command(broker) == 0
     assert "no refused release waits" in capsys.readouterr().out
+
+
+def test_on_apache_kafka_refusals_are_dead_lettered_noted_and_released_again(
+        own_kafka_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A topic missing where the broker creates none, and one whose max.message.bytes is
+    below the release (RECORD_TOO_LARGE): what tansu can show of neither."""
+    from kafka.admin import NewTopic
+
+    from txstream.kafka import KafkaSettings, make_admin
+
+    kafka = own_kafka_cluster(nodes=1, auto_create_topics=False).start()
+    settings = KafkaSettings(bootstrap_servers=kafka.bootstrap_servers)
+    admin = make_admin(settings)
+    try:
+        admin.create_topics([NewTopic(t, 1, 1) for t in (TOPICS.half, TOPICS.history,
+                                                          TOPICS.dead_letter)]
+                            + [NewTopic("small", 1, 1, topic_configs={
+                                "max.message.bytes": "200"})])
+    finally:
+        admin.close()
+    producer = make_producer(settings)
+    producer.send(TOPICS.half, key=b"tx-a", value=b"the body").get(30)
+    producer.send(TOPICS.half, key=b"tx-b", value=b"the body").get(30)
+    producer.close()
+    missing, missing_note = _release("tx-a", "missing", (0, 0))
+    large, large_note = _release("tx-b", "small", (0, 1))
+    options = SinkOptions(kafka=settings, dead_letter_topic=TOPICS.dead_letter,
+                          half_topic=TOPICS.half)
+    commit = send_rows(options, [missing, large, missing_note, large_note])  # type: ignore[list-item]
+    assert sorted(commit.refused) == [RefusedRelease("G", "missing", "MISSING_TOPIC"),
+                                      RefusedRelease("G", "small", "REFUSED_BY_BROKER")]
+    notes = {n["transaction_id"]: n for r in read_topic(settings, TOPICS.history)
+             for n in decode_history(r.value)}
+    assert notes["tx-a"]["event"] == notes["tx-b"]["event"] == "release_refused"
+    assert "MessageSizeTooLarge" in str(notes["tx-b"]["reason"])
+
+    admin = make_admin(settings)
+    try:
+        admin.create_topics([NewTopic("missing", 1, 1)])
+    finally:
+        admin.close()
+    assert _release_command_at(kafka.bootstrap_servers, "--reason", "MISSING_TOPIC") == 0
+    assert "tx-a (MISSING_TOPIC): released to missing" in capsys.readouterr().out
+    assert _release_command_at(kafka.bootstrap_servers) == 1  # "small" still refuses it
+    assert "tx-b (REFUSED_BY_BROKER): not released" in capsys.readouterr().out
+    assert [r.value for r in read_topic(settings, "missing")] == [b"the body"]
+    assert _release_command_at(kafka.bootstrap_servers, "--reason", "MISSING_TOPIC") == 0
+    assert [r.value for r in read_topic(settings, "missing")] == [b"the body"]  # once
+
+
+def _release_command_at(servers: str, *extra: str) -> int:
+    from txstream.streaming.cli import main
+
+    return main(["dead-letters", "release", "--bootstrap-servers", servers, "--topic-prefix",
+                 "r_", *extra])

@@ -81,3 +81,20 @@ def test_spark_defaults_conf_is_read_where_spark_submit_reads_it(tmp_path: Path)
 ])
 def test_properties_lines(line: str, pair: tuple[str, str]) -> None:
     assert parse_properties(line) == dict([pair])
+
+
+def test_settings_that_would_have_the_sink_write_twice_are_refused() -> None:
+    """Issue 39: a stage run again numbers its tasks' attempts from 0, and speculative tasks
+    run beside each other: neither kind of sink task knows to check what the other wrote."""
+    from txstream.errors import ConfigError
+    from txstream.streaming.engine.spark_settings import check_settings, tuned_settings
+
+    tuned = tuned_settings(shuffle_partitions=2, state_store="default", jit="c1",
+                           driver_memory="2g", executor_memory="1g", local=False,
+                           submitted=True)
+    assert tuned["spark.stage.maxConsecutiveAttempts"] == "1"
+    check_settings(tuned)
+    with pytest.raises(ConfigError, match=r"spark\.speculation"):
+        check_settings({**tuned, "spark.speculation": "true"})
+    with pytest.raises(ConfigError, match="maxConsecutiveAttempts=4"):
+        check_settings({**tuned, "spark.stage.maxConsecutiveAttempts": "4"})

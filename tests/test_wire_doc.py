@@ -141,7 +141,7 @@ def test_the_check_responders_memory_and_grace_are_the_clients() -> None:
 def test_a_check_request_carries_the_headers_in_the_order_the_page_lists() -> None:
     listed = _header_list("as the coordinator read them, written anew in this order:",
                           "Absent optional")
-    record = encode_check(_full_message(), 2, TOPICS, T0 + 60_000)
+    record = encode_check(_full_message(), 2, TOPICS, T0 + 60_000, T0)
     assert _written_headers(Kind.CHECK, record) == listed
     assert listed[-1] == H.RECORD_ID
 

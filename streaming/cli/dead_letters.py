@@ -30,7 +30,7 @@ from txstream.kafka.reading import read_range, read_topic
 from txstream.outputs import decode_history, encode_history
 from txstream.record_ids import coordinator_tag, record_id
 from txstream.refusals import Code
-from txstream.sinks.delivery import MissingTopic, missing_topic
+from txstream.sinks.delivery import MissingTopic, missing_topic, refused_by_broker
 from txstream.sinks.replay import written_ids
 from txstream.state.effects import NoteKind
 from txstream.streaming.cli.options import add_kafka_arguments, settings_of, topics_of
@@ -145,6 +145,11 @@ def _send(settings: KafkaSettings, topic: str, key: Any, value: Any, headers: li
     producer = make_producer(settings, role="admin")
     try:
         producer.send(topic, key=key, value=value, headers=headers).get(timeout=_TIMEOUT_S)
+    except Exception as exc:
+        if refused_by_broker(exc):  # the cause is not mended yet
+            raise NotReleased(f"the broker refused it again: {type(exc).__name__}: {exc}"
+                              ) from None
+        raise
     finally:
         producer.close()
 

@@ -21,6 +21,7 @@ from txstream.streaming.engine.local_fs import no_fork_fs_jar
 from txstream.streaming.engine.spark_settings import (
     DEFAULT_DRIVER_MEMORY,
     PANDAS_WARNING_FILTER,
+    check_settings,
     defaults_file_settings,
     is_local_master,
     merge_settings,
@@ -93,6 +94,7 @@ def build_session(
         shuffle_partitions=shuffle_partitions, state_store=state_store, jit=jit,
         driver_memory=driver_memory, executor_memory=given.get("spark.executor.memory", "1g"),
         local=local, submitted=submitted()), given)
+    check_settings(settings)
     if local and not submitted():
         # Only where this call starts the JVM and every executor is in it: the jar is local.
         jar = no_fork_fs_jar()

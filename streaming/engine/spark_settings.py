@@ -16,9 +16,9 @@ from pathlib import Path
 
 from txstream.streaming.engine.local_fs import NO_FORK_FS_CLASS
 
-__all__ = ["tuned_settings", "merge_settings", "defaults_file_settings", "parse_properties",
-           "with_no_fork_fs", "check_driver_memory", "gc_options", "java_options",
-           "is_local_master", "LOG4J_CONFIG", "JIT_OPTIONS", "ROCKSDB_SETTINGS",
+__all__ = ["tuned_settings", "merge_settings", "check_settings", "defaults_file_settings",
+           "parse_properties", "with_no_fork_fs", "check_driver_memory", "gc_options",
+           "java_options", "is_local_master", "LOG4J_CONFIG", "JIT_OPTIONS", "ROCKSDB_SETTINGS",
            "DEFAULT_DRIVER_MEMORY", "MIN_G1_REGION_MIB", "PANDAS_WARNING_FILTER"]
 
 LOG4J_CONFIG = Path(__file__).with_name("resources") / "log4j2.properties"
@@ -141,6 +141,11 @@ def tuned_settings(*, shuffle_partitions: int, state_store: str, jit: str, drive
         "spark.sql.streaming.checkpointFileManagerClass":
             "org.apache.spark.sql.execution.streaming.checkpointing."
             "FileSystemBasedCheckpointFileManager",
+        # A stage run again (its shuffle input lost with an executor) numbers its tasks'
+        # attempts from 0, so a sink task could not tell it may be writing what a task of the
+        # failed attempt wrote: the batch fails instead, and runs again from the checkpoint,
+        # where every task checks (docs/decisions/0005-replay-check.md; check_settings).
+        "spark.stage.maxConsecutiveAttempts": "1",
         **(ROCKSDB_SETTINGS if state_store == "rocksdb" else {}),
     }
     if not submitted:
@@ -148,6 +153,23 @@ def tuned_settings(*, shuffle_partitions: int, state_store: str, jit: str, drive
     if local and not submitted:
         settings["spark.driver.bindAddress"] = "127.0.0.1"
     return settings
+
+
+def check_settings(settings: Mapping[str, str]) -> None:
+    """Refuse what would have the sink write records twice: speculative tasks (two attempts
+    of one task writing at once, neither waiting for the other's records) and stages run
+    again within a batch (their tasks cannot tell they may be writing a batch again)."""
+    from txstream.errors import ConfigError
+
+    if settings.get("spark.speculation", "false").strip().lower() == "true":
+        raise ConfigError("spark.speculation=true would have two attempts of one sink task "
+                          "write the same records at once: txstream needs it false")
+    attempts = settings.get("spark.stage.maxConsecutiveAttempts", "1").strip()
+    if attempts != "1":
+        raise ConfigError(f"spark.stage.maxConsecutiveAttempts={attempts}: a stage run again "
+                          "within a micro-batch would have its sink tasks write records its "
+                          "failed attempt wrote; txstream needs 1 (the batch then runs again "
+                          "from the checkpoint, where nothing is written twice)")
 
 
 def _option_name(option: str) -> str:

@@ -443,6 +443,12 @@ class Simulation:
         self.quiet_since = max(self.quiet_since, self.world.now)
 
     def _failed(self, exc: Exception) -> None:
+        if "deleted and created again since this micro-batch was planned" in str(exc):
+            # The batch a crash left cannot run again: its topic was created again since. The
+            # coordinator says to start on a new checkpoint; its operator does.
+            self.report.faults["new checkpoint after a topic created again"] += 1
+            self._fault(Fault(0, "fresh"))
+            return
         if self.world.now < self.refusing_until:
             # A partition refuses writes: every run of the batch fails until it takes them.
             self.report.faults["failed batch (a partition refusing)"] += 1
