@@ -115,6 +115,14 @@ def _index(settings: KafkaSettings, tag: str, topic: str, partition: int, end: i
         return index
 
 
+def _indexed_to(settings: KafkaSettings, tag: str, topic: str) -> dict[tuple[str, int], int]:
+    """Where the indexes of ``topic``'s partitions end."""
+    with _LOCK:
+        return {(topic, partition): index.high
+                for (servers, tag_, topic_, partition), index in _INDEXES.items()
+                if (servers, tag_, topic_) == (settings.bootstrap_servers, tag, topic)}
+
+
 def _extend(consumers: PatientConsumer, topic: str, partition: int, index: _PartitionIndex,
             end: int, since_ms: int) -> None:
     """Read what the index lacks: the records after ``high`` up to ``end``, and backwards from
@@ -138,19 +146,18 @@ def released_by_others(settings: KafkaSettings, wanted: Mapping[str, Mapping[str
     wanted = {t: ids for t, ids in wanted.items() if ids}
     if not wanted:
         return set()
-    probe = EndProbe(settings, role="sink")
-    consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK)
+    # The process's clients, kept for the next key's look: every key of a recovery asks.
+    probe = EndProbe(settings, role="sink", kept_as=("look-ends", settings.bootstrap_servers))
+    consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK,
+                                kept_as=("look", settings.bootstrap_servers))
     found: set[str] = set()
-    try:
-        for topic, ids in wanted.items():
-            # A topic that does not exist yet holds nothing.
-            ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
-            since = min(ids.values())
-            for (_, partition), end in sorted(ends.items()):
-                index = _index(settings, tag, topic, partition, end)
-                _extend(consumers, topic, partition, index, end, since)
-                found |= index.found(set(ids) - found, ours)
-    finally:
-        probe.close()
-        consumers.close()
+    for topic, ids in wanted.items():
+        # A topic that does not exist yet holds nothing. Asked where the index ends: the
+        # broker then sends back next to no records.
+        ends = probe.topic_ends([topic], _indexed_to(settings, tag, topic), _READ_TIMEOUT_S)
+        since = min(ids.values())
+        for (_, partition), end in sorted(ends.items()):
+            index = _index(settings, tag, topic, partition, end)
+            _extend(consumers, topic, partition, index, end, since)
+            found |= index.found(set(ids) - found, ours)
     return found
