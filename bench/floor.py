@@ -43,9 +43,11 @@ from bench.harness import logged_session
 from txstream.streaming.engine.config import RunConfig
 
 __all__ = ["FloorResult", "measure_floor", "RowsSource", "NothingSink", "batch_cost",
-           "rows_per_batch", "WARM_UP_S", "BATCH_S"]
+           "rows_per_batch", "WARM_UP_S", "BATCH_S", "MIN_BATCHES", "MAX_EXTRA_S"]
 
 WARM_UP_S = 20.0  # the floor query's first batches: JIT, Python workers, first plans
+MIN_BATCHES = 2  # a floor measured over fewer batches says nothing
+MAX_EXTRA_S = 60.0
 BATCH_S = 0.4  # a batch's length when no coordinator ran to measure it (its low-rate p50)
 
 
@@ -191,8 +193,14 @@ def measure_floor(config: RunConfig, rows: int, seconds: float,
         time.sleep(min(WARM_UP_S, seconds))
         mark, start_ms = log.mark(), time.time() * 1000
         time.sleep(seconds)
-        end_ms = time.time() * 1000
+        # A span shorter than its batches (a short run on a busy machine) would measure
+        # nothing: it lasts until MIN_BATCHES have ended, for at most MAX_EXTRA_S more.
         batches: list[Batch] = log.of(name, mark)
+        extra_until = time.monotonic() + MAX_EXTRA_S
+        while len(batches) < MIN_BATCHES and time.monotonic() < extra_until:
+            time.sleep(0.5)
+            batches = log.of(name, mark)
+        end_ms = time.time() * 1000
     finally:
         query.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)

@@ -122,7 +122,7 @@ def _fail(invariant: int, txid: str, what: str) -> None:
 
 
 def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any,
-               fresh_at: list[int] | None = None, everything: bool = False) -> None:
+               fresh_at: list[float] | None = None, everything: bool = False) -> None:
     """What must hold at any moment; ``settled``: no batch is half written (the last one
     committed), so what a batch writes together is all there. Only the transactions with
     news since the last check, unless ``everything``."""
@@ -134,9 +134,11 @@ def check_step(ledger: Ledger, seen: Observed, settled: bool, policy: Any,
         if truth is None or not any(d is COMMIT for _, d, _ in truth.ends):
             _fail(2, txid, "released without a commit written by its producer")
         assert truth is not None
-        lives = _id_lives(seen.notes.get(txid, []), policy, fresh_at or [], truth.halves)
-        if len(records) > max(1, sum(1 for life in lives
-                                     if any(n["event"] == "released" for n in life))):
+        notes = seen.notes.get(txid, [])
+        lives = _id_lives(notes, policy, fresh_at or [], truth.halves)
+        noted = sum(1 for life in lives if any(n["event"] == "released" for n in life))
+        unnoted = _unnoted_lives(records, notes, policy, fresh_at or [], truth.halves)
+        if len(records) > max(1, noted + unnoted):
             _fail(1, txid, f"released {len(records)} times")
     for key, txids in ledger.by_key.items():
         if sum(1 for t in txids if t in seen.released) > 1:
@@ -210,7 +212,7 @@ def _life_start(life: list[dict[str, Any]]) -> int:
     return int(life[0]["at"]) if life else -1
 
 
-def _lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int]
+def _lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[float]
            ) -> list[list[dict[str, Any]]]:
     """The notes of a transaction id, cut where it starts a new life: registered again once
     its outcome may be forgotten (the reserved time after it ended: the same id sent again
@@ -230,7 +232,7 @@ def _lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int]
     return lives
 
 
-def _id_lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int],
+def _id_lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[float],
               copies: list[tuple[int, int, int]]) -> list[list[dict[str, Any]]]:
     """The notes of a transaction id cut where the id starts a new transaction: registered
     again once its outcome may be forgotten, from a copy of its half message written since.
@@ -256,8 +258,32 @@ def _id_lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[int],
     return lives
 
 
+def _unnoted_lives(records: list[Any], notes: list[dict[str, Any]], policy: Any,
+                   fresh_at: list[float], copies: list[tuple[int, int, int]]) -> int:
+    """Releases of a new life whose notes died with their batch (notes follow releases): the
+    batch crashed after writing the release and a new checkpoint replaced it before its
+    replay. Such a release counts as a life of its own where a half note at its time would
+    have started one (:func:`_id_lives`)."""
+    noted = {int(n["at"]) for n in notes if n.get("event") == "released"}
+    ends = [int(n["at"]) for n in notes if n.get("event") in _ENDINGS]
+    lives = 0
+    for rec in records:
+        at = int(rec.timestamp)
+        before = [t for t in ends if t < at]
+        if at in noted or not before:
+            continue
+        recovered = [t for t in fresh_at if t <= at]
+        ended = max(before)
+        remembered = max([ended, *(t for t in recovered if t > ended)])
+        boundary = max([ended, *recovered])
+        if at >= remembered + policy.reserved_time and any(
+                boundary < written <= at for written, _, _ in copies):
+            lives += 1
+    return lives
+
+
 def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any,
-                     fresh_at: list[int]) -> None:
+                     fresh_at: list[float]) -> None:
     """A transaction ends once in a life (a lost release may be released again, once; a
     release found on its topic, ``found_on``, restates a release), and while its outcome is
     remembered an end event for it is told the outcome, not "no half message"."""
@@ -282,7 +308,7 @@ def _check_ends_once(txid: str, notes: list[dict[str, Any]], policy: Any,
 
 
 def check_requests_answered(producers: Any, seen: Observed, policy: Any,
-                            fresh_at: list[int]) -> None:
+                            fresh_at: list[float]) -> None:
     """A check request its group read, the latest of its pending transaction, is answered:
     what the client skips is only what the coordinator would not count, in every life of the
     transaction (a new checkpoint, the id sent again: checks numbered from 1 again)."""
@@ -344,7 +370,7 @@ def check_dead_letters(world: Any, seen: Observed) -> None:
                   f"dead letter of {topic}/{partition}@{offset} is not the record as read")
 
 
-def unknowable(world: Any, truth: Any, seen: Observed, fresh_at: list[int]) -> bool:
+def unknowable(world: Any, truth: Any, seen: Observed, fresh_at: list[float]) -> bool:
     """Whether nothing can know of the transaction any more: its half message is gone from
     the half topic, and no state holds it (never registered, or its state lost with a new
     checkpoint)."""
@@ -362,7 +388,7 @@ def _half_gone(world: Any, truth: Any) -> bool:
 
 
 def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, int],
-              policy: Any, quiet_since: int, fresh_at: list[int]) -> None:
+              policy: Any, quiet_since: int, fresh_at: list[float]) -> None:
     """After the faults stopped and everything settled. ``fresh_at``: when a new checkpoint
     replaced the state."""
     check_step(ledger, seen, True, policy, fresh_at, everything=True)

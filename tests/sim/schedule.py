@@ -171,6 +171,13 @@ def _crash_then_fresh(rng: random.Random, traffic_ms: int) -> list[Fault]:
                   arg=(rng.choice(("writing", "written")), rng.randrange(1, 6), "fresh"))]
 
 
+def _crash_then_retention(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """A batch dies as it writes, and retention deletes bodies it had read before it runs
+    again: the replay must still emit what its first run wrote (defects 12 and 14)."""
+    return [Fault(rng.randrange(traffic_ms), "crash",
+                  arg=(rng.choice(("writing", "written")), rng.randrange(1, 6), "retention"))]
+
+
 def _recreated_while_away(rng: random.Random, traffic_ms: int) -> list[Fault]:
     """The half topic deleted and created again while the coordinator is away, and written
     past where the checkpoint read it before it looks: only its id tells (KIP-516)."""
@@ -207,6 +214,7 @@ def _foreign(rng: random.Random, traffic_ms: int) -> list[Fault]:
 _FAMILIES = (
     ("refuse", ("refuse",), 0.2, _refuse),
     ("crash-fresh", ("crash", "fresh"), 0.1, _crash_then_fresh),
+    ("crash-retention", ("crash", "retention"), 0.1, _crash_then_retention),
     ("recreate-away", ("recreate", "outage"), 0.25, _recreated_while_away),
     ("resend", ("resend",), 0.15, _lost_then_resent),
     ("foreign", ("foreign",), 0.2, _foreign),
@@ -287,7 +295,7 @@ class Simulation:
         self.foreign_after_crash: list[tuple[int, int, bool]] = []  # written at the next crash
         self.quiet_since = T0
         self.pending_crash: tuple[Any, ...] | None = None
-        self.fresh_at: list[int] = []
+        self.fresh_at: list[float] = []
         # Releases written by a crashed batch not replayed yet, and by crashed batches a new
         # checkpoint replaced before their replay: never counted by the metrics.
         self.unreplayed = 0
@@ -311,7 +319,8 @@ class Simulation:
             self.uncounted += self.unreplayed
             self.unreplayed = 0
             self.spark.fresh_checkpoint()
-            self.fresh_at.append(now)
+            # Between ticks: what the last batch wrote at ``now`` came from the old checkpoint.
+            self.fresh_at.append(now + 0.5)
         elif fault.kind == "broker_down":
             self.broker_until = now + fault.length
             world.set_down(True)
@@ -402,6 +411,8 @@ class Simulation:
             if then == ["fresh"]:
                 self._fault(Fault(0, "fresh"))
             else:
+                if then == ["retention"]:
+                    self._fault(Fault(0, "retention"))
                 self.spark.restart()
             return
         except TxStreamError as exc:
