@@ -28,8 +28,15 @@ __all__ = ["needs_body", "with_bodies"]
 Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 
 
+def _body_at(row: OutputRow) -> tuple[int, int] | None:
+    """(partition, offset) in the half topic of the body to read back into ``row``, if any."""
+    if row.value is None and row.body_offset is not None and row.body_partition is not None:
+        return (row.body_partition, row.body_offset)
+    return None
+
+
 def needs_body(row: OutputRow) -> bool:
-    return row.value is None and row.body_offset is not None and row.body_partition is not None
+    return _body_at(row) is not None
 
 
 def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
@@ -45,8 +52,8 @@ def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepare
     """``rows`` with every body that lies in the half topic read back into its value."""
     wanted: dict[int, set[int]] = {}
     for row, _ in rows:
-        if needs_body(row):
-            wanted.setdefault(row.body_partition, set()).add(row.body_offset)  # type: ignore[arg-type]
+        if (at := _body_at(row)) is not None:
+            wanted.setdefault(at[0], set()).add(at[1])
     if not wanted:
         return rows
     if source is None:
@@ -56,12 +63,13 @@ def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepare
     out: list[Prepared] = []
     for prepared in rows:
         row, headers = prepared
-        if not needs_body(row):
+        at = _body_at(row)
+        if at is None:
             out.append(prepared)
             continue
-        rec = found.get((row.body_partition, row.body_offset))  # type: ignore[arg-type]
+        rec = found.get(at)
         if rec is None:
-            why = source.why_missing(row.body_partition)  # type: ignore[arg-type]
+            why = source.why_missing(at[0])
         elif isinstance(rec, Unreadable):
             why = f"cannot be read: {rec.error}"
         elif rec.key != _transaction_id(row, headers):

@@ -22,10 +22,24 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from txstream.errors import SendFailed
-from txstream.kafka import KafkaSettings, cached_client, drop_cached_client, make_producer
+from txstream.kafka import (
+    KafkaSettings,
+    Producer,
+    SendFuture,
+    cached_client,
+    drop_cached_client,
+    make_producer,
+)
+from txstream.kafka.errors import (
+    InvalidRecordError,
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAuthorizationFailedError,
+)
 from txstream.outputs import (
     KAFKA_MAX_MESSAGE_BYTES,
     encode_reference,
@@ -47,7 +61,7 @@ Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 
 
 def make_sink_producer(settings: KafkaSettings,
-                       max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> Any:
+                       max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES) -> Producer:
     """The sink's producer: acks=all and idempotent like every txstream producer, tuned for
     writing thousands of records at once: kafka-python builds every record in Python on the
     caller's thread while its I/O thread competes for the GIL, and one request in flight with
@@ -94,14 +108,6 @@ def missing_topic(settings: KafkaSettings, topic: str) -> bool:
 def refused_by_broker(exc: BaseException | None) -> bool:
     """Whether the broker (or the producer, checking as the broker would) refused a record for
     what it is: sending it again would be refused again."""
-    from kafka.errors import (
-        InvalidRecordError,
-        InvalidTopicError,
-        MessageSizeTooLargeError,
-        RecordListTooLargeError,
-        TopicAuthorizationFailedError,
-    )
-
     return isinstance(exc, (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError,
                             InvalidRecordError, TopicAuthorizationFailedError, MissingTopic))
 
@@ -143,13 +149,13 @@ class Delivery:
         # Releases refused: what their notes now say, by transaction id; and for the metrics.
         self.restated: dict[str, dict[str, object]] = {}
         self.refused_releases: list[RefusedRelease] = []
-        self.futures: list[tuple[Prepared, Any]] = []
+        self.futures: list[tuple[Prepared, SendFuture]] = []
         self.counts: Counter[str] = Counter()
         self.held: list[tuple[int, int, Prepared]] = []
         self.notes: list[Prepared] = []  # the history records: sent once the rest is acked
         self.refused: list[tuple[Prepared, BaseException]] = []
 
-    def _producer(self) -> Any:
+    def _producer(self) -> Producer:
         return cached_client(_producer_key(self.settings, self.limit),
                              lambda: make_sink_producer(self.settings, self.limit))
 
@@ -234,8 +240,9 @@ class Delivery:
         for prepared, future in self.futures:
             if future.succeeded():
                 continue
-            if future.is_done and refused_by_broker(future.exception):
-                self.refused.append((prepared, future.exception))
+            exc = future.exception if future.is_done else None
+            if exc is not None and refused_by_broker(exc):
+                self.refused.append((prepared, exc))
                 self.counts[prepared[0].kind] -= 1
             else:
                 failed.append((prepared[0].topic, future))
@@ -271,6 +278,7 @@ class Delivery:
             txid = row.key.decode("utf-8", "replace") if row.key is not None else ""
             if txid in self.restated:
                 where = future.value
+                assert where is not None  # every one succeeded (above)
                 self.restated[txid]["dead_letter"] = f"{where.partition}@{where.offset}"
 
     def _dead_letter(self, prepared: Prepared, exc: BaseException, topics: Topics) -> Prepared:

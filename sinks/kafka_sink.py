@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,7 @@ def _prepared(rows: list[OutputRow]) -> tuple[list[Prepared], list[str]]:
     return ready, invalid
 
 
-def _rows(batches: Iterator[Any]) -> list[OutputRow]:
+def _rows(batches: Iterable[Any]) -> list[OutputRow]:
     rows: list[OutputRow] = []
     for batch in batches:
         # Column-wise to_pylist is far cheaper than Spark building a Row per record.

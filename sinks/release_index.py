@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer
+from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
 from txstream.kafka.read_back import READ_BACK_CHUNK, SKEW_MARGIN_MS, header_text, read_back
 from txstream.kafka.reading import Unreadable, read_range
 from txstream.wire import H
@@ -56,11 +56,11 @@ class _PartitionIndex:
         return self.low <= 0 or (self.oldest_own is not None
                                  and self.oldest_own < since_ms - SKEW_MARGIN_MS)
 
-    def own(self, rec: Any) -> bool:
+    def own(self, rec: ConsumerRecord) -> bool:
         rid = header_text(rec.headers, H.RECORD_ID)
         return rid is not None and rid.split(".", 1)[0] == self.tag
 
-    def add(self, records: Iterable[Any]) -> None:
+    def add(self, records: Iterable[ConsumerRecord | Unreadable]) -> None:
         for rec in records:
             if isinstance(rec, Unreadable) or not self.own(rec):
                 continue

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer
+from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
 from txstream.kafka.read_back import READ_BACK_CHUNK, header_text, read_back
 from txstream.record_ids import id_tag
 from txstream.wire import H
@@ -75,7 +74,7 @@ def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end:
                     counts: Callable[[str], bool], keyed: bool) -> set[str]:
     """The ``header`` values of ``wanted`` (``keyed``: or record keys) on records of this
     coordinator (``tag``) whose ids ``counts``, read back from ``end`` to ``since_ms``."""
-    def own(rec: Any) -> bool:
+    def own(rec: ConsumerRecord) -> bool:
         rid = header_text(rec.headers, H.RECORD_ID)
         return rid is not None and id_tag(rid) == tag
 

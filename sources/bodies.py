@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from txstream.errors import SendFailed
 from txstream.kafka import (
+    ConsumerRecord,
     KafkaSettings,
     PatientConsumer,
     Unreadable,
@@ -39,6 +40,8 @@ from txstream.kafka import (
     make_admin,
     read_range,
 )
+from txstream.kafka.errors import NoError, UnknownTopicOrPartitionError, for_code
+from txstream.kafka.reading import ConsumerFor
 
 __all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD"]
 
@@ -53,7 +56,7 @@ log = logging.getLogger(__name__)
 SLOW_READ_S = 0.25
 
 Position = tuple[int, int]  # (partition, offset) in the half topic
-ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with (read_range)
+Found = dict[Position, ConsumerRecord | Unreadable]  # the records read back, by position
 # A reader must not create the topic it reads (a broker may on a metadata request).
 _OPTIONS: dict[str, Any] = {"role": "sink", "allow_auto_create_topics": False}
 
@@ -85,10 +88,10 @@ class BodySource:
             **_OPTIONS)
         self._absent: set[int] = set()  # partitions the last read found do not exist
 
-    def read(self, wanted: dict[int, set[int]]) -> dict[Position, Any]:
+    def read(self, wanted: dict[int, set[int]]) -> Found:
         """The records at ``wanted`` ({partition: offsets}) that are still there, by position
         (a ConsumerRecord, or :class:`Unreadable`). :meth:`why_missing` says why one is not."""
-        found: dict[Position, Any] = {}
+        found: Found = {}
         self._absent = set()
         started = time.monotonic()
         try:
@@ -113,7 +116,7 @@ class BodySource:
                     f"deleted, or recreated with fewer partitions)")
         return "is no longer in the topic (its retention is shorter than transactions live)"
 
-    def _read_into(self, found: dict[Position, Any], wanted: dict[int, set[int]],
+    def _read_into(self, found: Found, wanted: dict[int, set[int]],
                    consumer_for: ConsumerFor) -> dict[int, set[int]]:
         """Reads ``wanted`` into ``found``; returns the offsets it did not find."""
         missing: dict[int, set[int]] = {}
@@ -127,7 +130,7 @@ class BodySource:
                 missing[partition] = left
         return missing
 
-    def _confirm(self, found: dict[Position, Any], missing: dict[int, set[int]]) -> None:
+    def _confirm(self, found: Found, missing: dict[int, set[int]]) -> None:
         """Reads ``missing`` again with a brand-new consumer (nothing it knows comes from
         before this read), in the partitions that exist."""
         exists = self._partitions()
@@ -142,8 +145,6 @@ class BodySource:
         """The half topic's partitions as the broker says now (none: the topic does not
         exist). Any other answer (not authorized, no leader yet) raises: the batch runs
         again."""
-        from kafka.errors import NoError, UnknownTopicOrPartitionError, for_code
-
         admin = make_admin(self.settings, role="sink")
         try:
             [topic] = admin.describe_topics([self.topic])

@@ -105,7 +105,7 @@ def rows_to_batch(rows: Iterable[tuple[Any, ...]], schema: Any) -> Any:
     Building the columns here is cheaper than letting Spark convert tuple by tuple, which
     verifies every value's type on the way.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no types
 
     columns = list(zip(*rows)) or [()] * len(schema)
     arrays = [

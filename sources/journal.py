@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from txstream.errors import MalformedRecord
+from txstream.kafka import ConsumerRecord
 from txstream.outputs import decode_history
 from txstream.schema import EventRow
 from txstream.sources.event_rows import outcome_row
@@ -39,13 +40,15 @@ JOURNAL = "_journal"
 
 # The history events that end a transaction, and the outcome each one leaves. A lost release
 # stays LOST: its commit read again is a duplicate, its half message sent again is released.
-OUTCOME_OF = {NoteKind.RELEASED: Status.COMMITTED.value,
-              NoteKind.ROLLED_BACK: Status.ROLLED_BACK.value,
-              NoteKind.DISCARDED: Status.DISCARDED.value,
-              NoteKind.RELEASE_LOST: Status.LOST.value,
-              # Refused by the broker: decided, waiting on the dead-letter topic to be released
-              # again (txstream dead-letters release), never again from the half message.
-              NoteKind.RELEASE_REFUSED: Status.COMMITTED.value}
+# Keyed by NoteKind, a StrEnum: looked up by the event's text as read.
+OUTCOME_OF: dict[str, str] = {
+    NoteKind.RELEASED: Status.COMMITTED.value,
+    NoteKind.ROLLED_BACK: Status.ROLLED_BACK.value,
+    NoteKind.DISCARDED: Status.DISCARDED.value,
+    NoteKind.RELEASE_LOST: Status.LOST.value,
+    # Refused by the broker: decided, waiting on the dead-letter topic to be released
+    # again (txstream dead-letters release), never again from the half message.
+    NoteKind.RELEASE_REFUSED: Status.COMMITTED.value}
 
 
 class Journal:
@@ -104,7 +107,7 @@ class Journal:
                 yield p, start, end
 
 
-def outcome_rows(records: Iterable[Any], layout: KeyLayout) -> Iterator[EventRow]:
+def outcome_rows(records: Iterable[ConsumerRecord], layout: KeyLayout) -> Iterator[EventRow]:
     """The outcomes the history records tell, one row per transaction and record. A record
     that is not history (another writer's) tells nothing."""
     for rec in records:

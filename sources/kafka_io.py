@@ -14,12 +14,21 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
 from txstream.errors import ConfigError, ReadFailed
-from txstream.kafka import EndProbe, KafkaSettings, PatientConsumer, Unreadable, read_range
+from txstream.kafka import (
+    Consumer,
+    ConsumerRecord,
+    EndProbe,
+    KafkaSettings,
+    PatientConsumer,
+    TopicPartition,
+    Unreadable,
+    read_range,
+)
+from txstream.kafka.errors import KafkaError
 from txstream.kafka.reading import MAX_RECORDS_PER_POLL
 from txstream.options import parse_options
 from txstream.state.keys import KeyLayout
@@ -162,7 +171,7 @@ def _reader(options: SourceOptions, topic: str) -> PatientConsumer:
                            max_partition_fetch_bytes=FETCH_BYTES)
 
 
-def consumer_for(options: SourceOptions, purpose: str) -> Any:
+def consumer_for(options: SourceOptions, purpose: str) -> Consumer:
     """The process's consumer for ``purpose``: "offsets", or "read:TOPIC"."""
     if purpose == "offsets":
         return _probe(options).consumer()
@@ -181,8 +190,6 @@ def drop_consumer(options: SourceOptions, purpose: str) -> None:
 def metadata_calls(options: SourceOptions) -> Iterator[None]:
     """A Kafka client error inside (a metadata request timed out) as a SourceReadError that
     names the broker; the offsets consumer is dropped, so the next call starts afresh."""
-    from kafka.errors import KafkaError
-
     try:
         yield
     except KafkaError as exc:
@@ -197,8 +204,6 @@ def high_watermarks(
     hints: Mapping[tuple[str, int], int],
 ) -> dict[tuple[str, int], int]:
     """Every partition's end offset, from one fetch per partition at ``hints`` (~ms)."""
-    from kafka import TopicPartition
-
     tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
     try:  # the probe drops its consumer after an error
         return _probe(options).ends(tps, hints, options.read_timeout_ms / 1000)
@@ -217,7 +222,8 @@ def _gone(options: SourceOptions, part: TopicSlice, at: int) -> bool:
     return end is None or end <= at
 
 
-def read_slice(options: SourceOptions, part: TopicSlice) -> Iterator[Any]:
+def read_slice(options: SourceOptions, part: TopicSlice
+               ) -> Iterator[ConsumerRecord | Unreadable]:
     """The records of ``part`` in order (ConsumerRecord, or Unreadable for one kafka-python
     cannot parse); raises SourceReadError if they do not all arrive in time."""
     reader = _reader(options, part.topic)

@@ -226,7 +226,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.options.journal_topic, sum(journal.to.values()))
         return journal
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         parts = self._topic_partitions()
         tick = {"at": 0, "known": 1} if self.options.timer_file else None
         ends = records_of(self._high_watermarks({}))
@@ -316,7 +316,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if wait:
             self._sleep(wait / 1000)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         self._wait_if_quiet(start)
         tick = self._tick(start)
         journal = Journal.of(start.get(JOURNAL))
@@ -384,7 +384,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(topic, {})[p] = 0 if (topic, p) in lost else s + n
         return out
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         if not self._known_end:
             return None
         out: Offsets = {}
@@ -413,7 +413,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "on a new checkpoint (txstream run --checkpoint-dir): the history topic's "
                 "outcomes are read back first.")
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]
+                   ) -> Sequence[InputPartition]:
         self._same_topics(end)
         slices = []
         journal = Journal.of(end.get(JOURNAL))
@@ -427,8 +428,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     slices.append(TopicSlice(topic, int(p), begin, int(stop), kind,
                                              again.get(int(p), 0) if half else 0))
         if journal is not None and self.options.journal_topic is not None:
-            for p, begin, stop in journal.ranges(Journal.of(start.get(JOURNAL))):
-                slices.append(TopicSlice(self.options.journal_topic, p, begin, stop,
+            for partition, begin, stop in journal.ranges(Journal.of(start.get(JOURNAL))):
+                slices.append(TopicSlice(self.options.journal_topic, partition, begin, stop,
                                          EventKind.OUTCOME))
         groups = group_slices(slices, self.options.read_tasks)
         if ENDS_READ not in end:
@@ -438,7 +439,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = groups[0].slices if groups else ()
         return [SliceGroup(first, ends_read), *groups[1:]]
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint, not in Kafka."""
 
     def stop(self) -> None:

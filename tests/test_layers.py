@@ -1,5 +1,6 @@
 """The house's walls: every module of txstream imports only from its own room and the rooms
-below it (docs/architecture.md, decision 0025). Read from the source, not by importing it."""
+below it (docs/architecture.md, decision 0025), and only txstream/kafka/ imports kafka-python.
+Read from the source, not by importing it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ BELOW: dict[str, set[str]] = {
     "txstream.kafka": {"txstream"},
     "txstream.state": {"txstream"},
     "txstream.client": {"txstream", "txstream.kafka"},
+    # Apache Kafka on loopback (beside tansu's txstream.broker): asks its cluster through the
+    # Kafka module.
+    "txstream.kafka_broker": {"txstream", "txstream.kafka"},
     # The console tells the core's words: its statuses and history note kinds.
     "txstream.console": {"txstream", "txstream.kafka", "txstream.state"},
     "txstream.sources": {"txstream", "txstream.kafka", "txstream.state"},
@@ -26,7 +30,7 @@ BELOW: dict[str, set[str]] = {
                                   "txstream.sources", "txstream.sinks"},
     "txstream.streaming.cli": {"txstream", "txstream.kafka", "txstream.state", "txstream.sources",
                                "txstream.sinks", "txstream.streaming.engine", "txstream.client",
-                               "txstream.console"},
+                               "txstream.console", "txstream.kafka_broker"},
 }
 # The pure core stands on pure modules only (mypy checks them with it).
 CORE_MAY_IMPORT = {"txstream.message", "txstream.errors", "txstream.refusals"}
@@ -48,15 +52,20 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports_of(path: Path) -> set[str]:
-    """Modules named by txstream imports in the file (functions' local imports included)."""
+def all_imports_of(path: Path) -> set[str]:
+    """Modules named by absolute imports in the file (functions' local imports included)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {n for n in names if n == "txstream" or n.startswith("txstream.")}
+    return names
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules named by txstream imports in the file."""
+    return {n for n in all_imports_of(path) if n == "txstream" or n.startswith("txstream.")}
 
 
 MODULES = modules()
@@ -80,3 +89,13 @@ def test_the_core_imports_only_the_core_and_the_message_types(module: str) -> No
     outside = sorted(n for n in imports_of(MODULES[module])
                      if room_of(n) != "txstream.state" and n not in CORE_MAY_IMPORT)
     assert outside == [], f"{module} imports {outside}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if room_of(m) != "txstream.kafka"))
+def test_only_the_kafka_module_imports_kafka_python(module: str) -> None:
+    # Everything else reaches Kafka through txstream.kafka's Protocols (txstream/kafka/
+    # protocols.py) and its errors (txstream/kafka/errors.py), so a client of another kind
+    # stands in behind them (the in-memory broker's; a transactional producer).
+    found = sorted(n for n in all_imports_of(MODULES[module])
+                   if n == "kafka" or n.startswith("kafka."))
+    assert found == [], f"{module} imports kafka-python ({found}): use txstream.kafka"

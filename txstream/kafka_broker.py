@@ -158,9 +158,9 @@ class KafkaBroker:
 
     def _wait_ready(self, deadline: float, brokers: int) -> None:
         """Until the cluster answers a metadata request with ``brokers`` unfenced brokers."""
-        # kafka-python: only when a broker is started
-        from kafka import KafkaAdminClient  # type: ignore[import-untyped]
-        from kafka.errors import KafkaError  # type: ignore[import-untyped]
+        # The Kafka client: only when a broker is started
+        from txstream.kafka import KafkaSettings, make_admin
+        from txstream.kafka.errors import KafkaError
 
         seen: object = "no answer"
         while time.monotonic() < deadline:
@@ -173,8 +173,8 @@ class KafkaBroker:
                 time.sleep(0.1)
                 continue
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self._live_servers(),
-                                         request_timeout_ms=3000, bootstrap_timeout_ms=3000)
+                admin = make_admin(KafkaSettings(bootstrap_servers=self._live_servers()),
+                                   request_timeout_ms=3000, bootstrap_timeout_ms=3000)
                 try:
                     answer = admin.describe_cluster()
                 finally:
@@ -183,7 +183,8 @@ class KafkaBroker:
                 if len(registered) >= brokers:
                     return
                 seen = f"{len(registered)} of {brokers} brokers registered"
-            except (KafkaError, OSError) as exc:  # not yet a broker: ask again
+            # Not yet a broker: ask again (BrokerUnavailable: make_admin could not connect).
+            except (KafkaError, OSError, BrokerUnavailable) as exc:
                 seen = exc
             time.sleep(0.2)
         tails = "\n".join(n.log_tail(10) for n in self._nodes)
@@ -270,14 +271,14 @@ class KafkaBroker:
         ``isr_nodes``, ... Asks the live nodes, again while the one it picked does not answer
         (a node just killed is in the metadata until the controller fences it) or does not
         know the partition yet (a new topic reaches each node's metadata a moment later)."""
-        from kafka import KafkaAdminClient  # type: ignore[import-untyped]
-        from kafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+        from txstream.kafka import KafkaSettings, make_admin
+        from txstream.kafka.errors import KafkaConnectionError
 
         deadline = time.monotonic() + timeout_s
         while True:
             described: Any = None
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self._live_servers())
+                admin = make_admin(KafkaSettings(bootstrap_servers=self._live_servers()))
                 try:
                     (described,) = admin.describe_topics([topic])
                 finally:
@@ -285,7 +286,7 @@ class KafkaBroker:
                 for found in described["partitions"]:
                     if found["partition_index"] == partition:
                         return dict(found)
-            except KafkaConnectionError:
+            except (KafkaConnectionError, BrokerUnavailable):  # the node picked is down
                 if time.monotonic() > deadline:
                     raise
             if time.monotonic() > deadline:

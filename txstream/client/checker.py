@@ -27,12 +27,10 @@ from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from kafka import TopicPartition
-
 from txstream.client.check_choice import CheckChoice, Fetched, Verdict
 from txstream.client.offsets import OffsetTracker
 from txstream.errors import MalformedRecord
-from txstream.kafka import KafkaSettings, make_consumer
+from txstream.kafka import Consumer, ConsumerRecord, KafkaSettings, TopicPartition, make_consumer
 from txstream.kafka.group import CommittingConsumer
 from txstream.message import Message
 from txstream.outputs import CheckRequest, decode_check
@@ -89,7 +87,7 @@ class CheckResponder:
         self.joined = threading.Event()  # the group join completed once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.consumer: Any = None
+        self.consumer: Consumer | None = None
         self.answered = 0  # checks answered and acknowledged (for metrics and tests)
         self.skipped = 0  # superseded requests not answered
 
@@ -151,6 +149,12 @@ class CheckResponder:
     def leave(self) -> None:
         self._finish_joining()
 
+    @property
+    def _group_consumer(self) -> Consumer:
+        """The Kafka consumer (made by :meth:`start`), on the polling thread."""
+        assert self.consumer is not None
+        return self.consumer
+
     def _finish_joining(self) -> None:
         """A member that leaves while its join is in flight can stay in the group for good on
         some brokers (tansu completes the join after the leave and never expires the member),
@@ -158,19 +162,19 @@ class CheckResponder:
         right after it started completes its join first, then leaves (bounded)."""
         if self.joined.is_set():
             return
-        deadline = time.monotonic() + self.consumer.config["session_timeout_ms"] / 1000 + 5
-        for tp in self.consumer.assignment():  # take nothing more: the next owner will
-            self.consumer.pause(tp)
+        deadline = time.monotonic() + self._group_consumer.config["session_timeout_ms"] / 1000 + 5
+        for tp in self._group_consumer.assignment():  # take nothing more: the next owner will
+            self._group_consumer.pause(tp)
         while not self.joined.is_set() and time.monotonic() < deadline:
             try:
-                self.consumer.poll(timeout_ms=100, max_records=1)
-                self.consumer.pause(*self.consumer.assignment())
+                self._group_consumer.poll(timeout_ms=100, max_records=1)
+                self._group_consumer.pause(*self._group_consumer.assignment())
             except Exception as exc:
                 log.info("check consumer %s: joining before leaving failed: %s",
                          self.group_id, exc)
                 return
 
-    def take(self, tp: TopicPartition, records: list[Any]) -> bool:
+    def take(self, tp: TopicPartition, records: list[ConsumerRecord]) -> bool:
         """Submit ``records`` in order, skipping superseded ones; return True if the executor
         refused one."""
         fetched: list[Fetched] = []
@@ -230,7 +234,7 @@ class CheckResponder:
             self.offsets.finish(tp, offset, ok=True)
             self.offsets.rewind(tp, offset)
             self.choice.reset()  # it will be read again: do not take it for a repeat
-            self.consumer.seek(tp, offset)
+            self._group_consumer.seek(tp, offset)
             return False
         with self._futures_lock:
             self._futures.add(future)
@@ -261,7 +265,7 @@ class CheckResponder:
             self.choice.reset()  # read again: answered again
         for tp, offset in failed.items():
             if tp in self.assignment:
-                self.consumer.seek(tp, offset)
+                self._group_consumer.seek(tp, offset)
                 self.offsets.rewind(tp, offset)
 
     def finish(self) -> None:

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, NamedTuple
-
-from kafka import TopicPartition
+from typing import NamedTuple
 
 from txstream.errors import ConfigError
-from txstream.kafka import EndProbe, KafkaSettings
+from txstream.kafka import Consumer, EndProbe, KafkaSettings, OffsetAndTimestamp, TopicPartition
 
 __all__ = ["ConsumeFromWhere", "StartPositions", "Starts", "start_offsets"]
 
@@ -52,7 +50,8 @@ class ConsumeFromWhere(str, Enum):
 
 def start_offsets(where: ConsumeFromWhere, tps: Iterable[TopicPartition],
                   ends: Mapping[TopicPartition, int],
-                  found: Mapping[TopicPartition, Any] | None = None) -> dict[TopicPartition, int]:
+                  found: Mapping[TopicPartition, OffsetAndTimestamp | None] | None = None
+                  ) -> dict[TopicPartition, int]:
     """The offset each partition of ``tps`` (none committed) starts at. ``ends``: their last
     offsets; ``found``: ``offsets_for_times``' answers (timestamp mode). Empty for the first
     offset: the consumer reads from the beginning by itself."""
@@ -87,7 +86,8 @@ class StartPositions:
         self._timeout_s = timeout_s
         self._probe = EndProbe(settings, role=role)
 
-    def starts(self, consumer: Any, tps: Iterable[TopicPartition], retry_topic: str) -> Starts:
+    def starts(self, consumer: Consumer, tps: Iterable[TopicPartition], retry_topic: str
+               ) -> Starts:
         """Where each of ``consumer``'s partitions ``tps`` starts."""
         committed = {tp: consumer.committed(tp) for tp in tps}
         fresh = [tp for tp, offset in committed.items() if offset is None]

@@ -17,14 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from kafka import TopicPartition
 
 from txstream.client.consume_pool import Job
 from txstream.client.offsets import OffsetTracker
 from txstream.client.retry_hold import HeldRetries
 from txstream.errors import SendFailed
+from txstream.kafka import ConsumerRecord, TopicPartition
 
 __all__ = ["Partitions", "wait_jobs"]
 
@@ -68,7 +66,7 @@ class Partitions:
             return oldest
         return None
 
-    def requeue_past_span(self, requeue: Callable[[Any], None]) -> None:
+    def requeue_past_span(self, requeue: Callable[[ConsumerRecord], None]) -> None:
         """A held record ``max_span`` behind the next to take would stop its partition until
         it is due (up to the longest retry delay): ``requeue`` writes it again, as it is, at
         the retry topic's end, and its offset is finished once that was acknowledged."""

@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
-
-from kafka import TopicPartition
 
 from txstream.client.dedup import DedupCache
 from txstream.client.listener import ConsumeStatus, MessageListener
@@ -22,6 +19,7 @@ from txstream.client.offsets import OffsetTracker
 from txstream.client.options import now_ms
 from txstream.client.retry import RetryHeaders, dead_letter_record, retry_delay_s, retry_record
 from txstream.errors import MalformedRecord, SendFailed
+from txstream.kafka import ConsumerRecord, Producer, TopicPartition
 from txstream.message import Message
 from txstream.outputs import decode_visible
 from txstream.wire import Record, header_dict
@@ -30,10 +28,10 @@ __all__ = ["ConsumeService", "decode", "Item"]
 
 log = logging.getLogger(__name__)
 
-Item = tuple[Any, Message]  # (ConsumerRecord, decoded message)
+Item = tuple[ConsumerRecord, Message]  # a record, and its decoded message
 
 
-def decode(rec: Any, is_retry: bool) -> Message:
+def decode(rec: ConsumerRecord, is_retry: bool) -> Message:
     """The message of a released record, or of a retry record (with its reconsume count)."""
     topic, reconsume = rec.topic, 0
     if is_retry:
@@ -56,7 +54,7 @@ def decode(rec: Any, is_retry: bool) -> Message:
 class ConsumeService:
     """What the pool threads do with a batch, and the ids consumed or being consumed."""
 
-    def __init__(self, *, group: str, listener: MessageListener, producer: Any,
+    def __init__(self, *, group: str, listener: MessageListener, producer: Producer,
                  offsets: OffsetTracker, retry_topic: str, dlq_topic: str,
                  delays: Sequence[float], max_reconsume_times: int, dedup: DedupCache,
                  send_timeout_ms: int, stats: dict[str, int]) -> None:
@@ -127,7 +125,7 @@ class ConsumeService:
                     handed = False
             self._offsets.finish(tp, rec.offset, handed, epoch)
 
-    def _redeliver(self, rec: Any, msg: Message) -> None:
+    def _redeliver(self, rec: ConsumerRecord, msg: Message) -> None:
         attempt = msg.reconsume_times + 1
         if attempt > self._max_reconsume:
             reason = (f"not consumed after {attempt} deliveries "
@@ -141,14 +139,14 @@ class ConsumeService:
                                 msg.topic, attempt, due))
         self.count("retried")
 
-    def requeue(self, rec: Any) -> None:
+    def requeue(self, rec: ConsumerRecord) -> None:
         """Write a retry record again, as it is (when it is due, its attempt), at the end of
         its partition; raise SendFailed if not acknowledged."""
         headers = tuple((k, v or b"") for k, v in rec.headers or ())
         self._send(Record(self.retry_topic, rec.key, rec.value, headers), rec.partition)
         self.count("requeued")
 
-    def dead_letter_malformed(self, tp: TopicPartition, rec: Any, exc: MalformedRecord
+    def dead_letter_malformed(self, tp: TopicPartition, rec: ConsumerRecord, exc: MalformedRecord
                               ) -> bool:
         """Take ``rec``, which cannot be decoded, to the dead-letter topic; False if it was not
         taken or not acknowledged (then its partition is rewound to it)."""
@@ -162,7 +160,8 @@ class ConsumeService:
         self._offsets.finish(tp, rec.offset, True)
         return True
 
-    def dead_letter(self, rec: Any, origin: str, reconsume: int, reason: str) -> None:
+    def dead_letter(self, rec: ConsumerRecord, origin: str, reconsume: int, reason: str
+                    ) -> None:
         """Write ``rec`` to the dead-letter topic; raise SendFailed if not acknowledged."""
         log.warning("dead-lettering %s-%d@%d to %s: %s", rec.topic, rec.partition, rec.offset,
                     self.dlq_topic, reason)

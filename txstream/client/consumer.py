@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from kafka import TopicPartition
-
 from txstream.client.consume_from import ConsumeFromWhere, StartPositions
 from txstream.client.consume_partitions import Partitions, wait_jobs
 from txstream.client.consume_pool import ConsumePool
@@ -41,6 +39,8 @@ from txstream.client.retry import Subscription, due_ms, retry_delays
 from txstream.errors import ClientStateError, ConfigError, MalformedRecord
 from txstream.kafka import KafkaSettings, make_consumer, make_producer
 from txstream.kafka.group import CommittingConsumer
+from txstream.kafka.protocols import Consumer, ConsumerRecord, Producer, TopicPartition
+from txstream.message import Message
 from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, validate_group, validate_topic
 from txstream.wire import header_dict
 
@@ -133,8 +133,8 @@ class PushConsumer:
         self._offsets = OffsetTracker()
         self._parts = Partitions(self._offsets, pull_threshold_for_queue,
                                  consume_concurrently_max_span)
-        self._consumer: Any = None
-        self._producer: Any = None
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
         self._pool: ConsumePool | None = None
         self._service: ConsumeService | None = None
         self._starts: StartPositions | None = None
@@ -248,7 +248,13 @@ class PushConsumer:
         self._apply_pauses()
         return self._parts.held.wait_ms(self._poll_timeout_ms, now_ms())  # until the next due
 
-    def take(self, tp: TopicPartition, records: list[Any]) -> bool:
+    @property
+    def _group_consumer(self) -> Consumer:
+        """The Kafka consumer (made by :meth:`start`), on the polling thread."""
+        assert self._consumer is not None
+        return self._consumer
+
+    def take(self, tp: TopicPartition, records: list[ConsumerRecord]) -> bool:
         if tp in self._parts.reading:
             self._dispatch(tp, records)
         return False
@@ -266,7 +272,7 @@ class PushConsumer:
 
     def assigned(self, tps: set[TopicPartition]) -> None:
         if tps:
-            self._consumer.pause(*tps)  # not fetched until _position_new found their starts
+            self._group_consumer.pause(*tps)  # not fetched until _position_new found their starts
             self._parts.assigned(tps)
 
     def finish(self) -> None:
@@ -278,7 +284,7 @@ class PushConsumer:
         assert self._starts is not None
         self._starts.close()
 
-    def _dispatch(self, tp: TopicPartition, records: list[Any]) -> None:
+    def _dispatch(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
         is_retry = tp.topic == self.retry_topic
         sub = None if is_retry else self._subs.get(tp.topic)
         epoch = self._offsets.epoch(tp)
@@ -286,7 +292,7 @@ class PushConsumer:
         try:
             for rec in records:
                 if self._parts.full(tp, rec.offset):
-                    self._consumer.seek(tp, rec.offset)  # fetched again when it may be taken
+                    self._group_consumer.seek(tp, rec.offset)  # fetched again when it may be taken
                     break
                 if not self._take(tp, rec, is_retry, sub, chunk):
                     break  # a failed message waits to be fetched again first
@@ -296,11 +302,12 @@ class PushConsumer:
         except Exception:  # a bug or a lost broker: never skip what was not taken
             log.exception("consumer %s failed on %s; fetching again", self.consumer_group, tp)
             nxt = self._offsets.pending(tp)[2]
-            self._consumer.seek(tp, records[0].offset if nxt is None else nxt)
+            self._group_consumer.seek(tp, records[0].offset if nxt is None else nxt)
         finally:
             self._submit(tp, epoch, chunk)
 
-    def _take(self, tp: TopicPartition, rec: Any, is_retry: bool, sub: Subscription | None,
+    def _take(self, tp: TopicPartition, rec: ConsumerRecord, is_retry: bool,
+              sub: Subscription | None,
               chunk: list[Item]) -> bool:
         """Take ``rec``: into ``chunk`` to be consumed, held until due, or handled here; False
         if refused."""
@@ -320,7 +327,7 @@ class PushConsumer:
             return True
         return self._claim(tp, rec, msg, chunk, taken=False)
 
-    def _claim(self, tp: TopicPartition, rec: Any, msg: Any, chunk: list[Item], *,
+    def _claim(self, tp: TopicPartition, rec: ConsumerRecord, msg: Message, chunk: list[Item], *,
                taken: bool) -> bool:
         """Into ``chunk``, or dropped as a duplicate. ``taken``: the record is in flight
         already (a retry record held until due)."""
@@ -360,11 +367,11 @@ class PushConsumer:
 
     def _apply_pauses(self) -> None:
         want = self._parts.to_pause()
-        paused = set(self._consumer.paused())
+        paused = set(self._group_consumer.paused())
         if want - paused:
-            self._consumer.pause(*(want - paused))
+            self._group_consumer.pause(*(want - paused))
         if paused - want:
-            self._consumer.resume(*(paused - want))
+            self._group_consumer.resume(*(paused - want))
 
     def _position_new(self) -> None:
         new = self._parts.unpositioned
@@ -372,20 +379,20 @@ class PushConsumer:
             return
         assert self._starts is not None
         try:
-            starts = self._starts.starts(self._consumer, new, self.retry_topic)
+            starts = self._starts.starts(self._group_consumer, new, self.retry_topic)
         except Exception as exc:
             log.warning("consumer %s cannot find where to start %s (%s); trying again",
                         self.consumer_group, sorted(new), exc)
             return
         for tp, offset in starts.committed.items():
-            self._consumer.seek(tp, offset)
+            self._group_consumer.seek(tp, offset)
             self._offsets.rewind(tp, offset)
             self._offsets.committed({tp: offset})
         for tp, offset in starts.chosen.items():
-            self._consumer.seek(tp, offset)
+            self._group_consumer.seek(tp, offset)
             self._offsets.rewind(tp, offset)  # committed: a restart resumes there too
         if starts.beginning:
-            self._consumer.seek_to_beginning(*starts.beginning)
+            self._group_consumer.seek_to_beginning(*starts.beginning)
         self._parts.positioned(new)
         log.info("consumer %s reads %s (%d started at %s)", self.consumer_group, sorted(new),
                  len(starts.chosen), self.consume_from_where.name)
@@ -393,7 +400,7 @@ class PushConsumer:
     def _rewind_failed(self) -> None:
         for tp, offset in self._offsets.pop_failed().items():
             if tp in self._parts.reading:
-                self._consumer.seek(tp, offset)
+                self._group_consumer.seek(tp, offset)
                 self._offsets.rewind(tp, offset)
                 for later in self._parts.held.drop_from(tp, offset):  # read and held again
                     self._offsets.finish(tp, later, True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from kafka import TopicPartition
+from txstream.kafka import TopicPartition
 
 __all__ = ["OffsetTracker"]
 

@@ -35,7 +35,7 @@ from txstream.client.options import (
 from txstream.client.send_errors import not_sent, send_failure
 from txstream.client.validate import validate_message
 from txstream.errors import ClientStateError, SendFailed
-from txstream.kafka import KafkaSettings, make_producer
+from txstream.kafka import KafkaSettings, Producer, RecordMetadata, make_producer
 from txstream.kafka.provision import ensure_check_topic
 from txstream.message import EndEvent, Message
 from txstream.topics import Topics, validate_group
@@ -145,7 +145,7 @@ class TransactionProducer:
         self._check_grace_ms = timeout_ms(check_grace_s, "check_grace_s")
         self._state = _State.CREATED
         self._lock = threading.Lock()
-        self._producer: Any = None
+        self._producer: Producer | None = None
         self._checker: CheckResponder | None = None
 
     # --- configuration (RocketMQ's setters) --------------------------------------------------
@@ -323,10 +323,12 @@ class TransactionProducer:
                        check_times=check_times, remark=remark, born_timestamp=now_ms())
         self._send(encode_end(end, self.topics), f"answer to check {check_times}", txid)
 
-    def _send(self, record: Record, what: str, txid: str, msg_id: str | None = None) -> Any:
+    def _send(self, record: Record, what: str, txid: str, msg_id: str | None = None
+              ) -> RecordMetadata:
         """Send ``record`` and wait for its acknowledgement: SendFailed if it was not stored,
         SendInDoubt if it may have been."""
         try:
+            assert self._producer is not None  # running: start() made it
             future = self._producer.send(
                 record.topic, key=record.key, value=record.value, headers=list(record.headers)
             )

@@ -15,15 +15,13 @@ Only the polling thread uses it (and the rebalance callbacks, which run while it
 from __future__ import annotations
 
 import heapq
-from typing import Any
 
-from kafka import TopicPartition
-
+from txstream.kafka import ConsumerRecord, TopicPartition
 from txstream.message import Message
 
 __all__ = ["HeldRetries"]
 
-Held = tuple[int, Any, Message]  # (due, epoch ms; ConsumerRecord; its decoded message)
+Held = tuple[int, ConsumerRecord, Message]  # (due, epoch ms; ConsumerRecord; its decoded message)
 
 
 class HeldRetries:
@@ -33,7 +31,7 @@ class HeldRetries:
         self._held: dict[TopicPartition, dict[int, Held]] = {}
         self._heap: list[tuple[int, TopicPartition, int]] = []
 
-    def hold(self, tp: TopicPartition, due_ms: int, rec: Any, msg: Message) -> None:
+    def hold(self, tp: TopicPartition, due_ms: int, rec: ConsumerRecord, msg: Message) -> None:
         self._held.setdefault(tp, {})[rec.offset] = (due_ms, rec, msg)
         heapq.heappush(self._heap, (due_ms, tp, rec.offset))
 
@@ -53,9 +51,10 @@ class HeldRetries:
         due = self.next_due()
         return timeout_ms if due is None else max(0, min(timeout_ms, due - now_ms))
 
-    def pop_due(self, now_ms: int) -> dict[TopicPartition, list[tuple[Any, Message]]]:
+    def pop_due(self, now_ms: int
+                ) -> dict[TopicPartition, list[tuple[ConsumerRecord, Message]]]:
         """The records due by ``now_ms``, per partition in due order; no longer held."""
-        out: dict[TopicPartition, list[tuple[Any, Message]]] = {}
+        out: dict[TopicPartition, list[tuple[ConsumerRecord, Message]]] = {}
         while self._heap and self._heap[0][0] <= now_ms:
             _, tp, offset = heapq.heappop(self._heap)
             held = self._held.get(tp, {})

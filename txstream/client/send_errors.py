@@ -12,9 +12,8 @@ the record was handed to the I/O thread: nothing was sent.
 
 from __future__ import annotations
 
-from kafka import errors as kafka_errors
-
 from txstream.errors import SendFailed, SendInDoubt
+from txstream.kafka import errors as kafka_errors
 
 __all__ = ["REFUSED", "refused_for_sure", "not_sent", "send_failure"]
 

@@ -8,7 +8,10 @@ a properties file, ``-X key=value``), the ``TXSTREAM_*`` variables and named fla
 tokens from :mod:`txstream.kafka.oauth`.
 
 Every Kafka client txstream makes, in the client library, the Spark source and sink, the CLI
-and the benchmark, comes from here, so settings reach all of them the same way.
+and the benchmark, comes from here, so settings reach all of them the same way. Its types are
+the Protocols of :mod:`txstream.kafka.protocols` (``Producer``, ``Consumer``, ``Admin``,
+``ConsumerRecord``, ``TopicPartition``, ...), and kafka-python's errors are
+:mod:`txstream.kafka.errors`: kafka-python itself is imported only inside this package.
 """
 
 from txstream.kafka.clients import (
@@ -26,6 +29,17 @@ from txstream.kafka.clients import (
 )
 from txstream.kafka.patience import PatientConsumer
 from txstream.kafka.properties import parse_properties, read_properties
+from txstream.kafka.protocols import (
+    Admin,
+    Consumer,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    Producer,
+    RecordMetadata,
+    SendFuture,
+    TopicPartition,
+)
 from txstream.kafka.reading import (
     EndProbe,
     TopicReader,
@@ -40,6 +54,15 @@ from txstream.kafka.settings import KafkaSettings
 
 __all__ = [
     "KafkaSettings",
+    "Producer",
+    "Consumer",
+    "Admin",
+    "ConsumerRecord",
+    "RecordMetadata",
+    "SendFuture",
+    "TopicPartition",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
     "make_producer",
     "make_consumer",
     "make_admin",

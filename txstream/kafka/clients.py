@@ -12,13 +12,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from kafka import KafkaProducer
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka.memory import is_memory
-from txstream.kafka.memory_clients import MemoryProducer, check_memory_broker, memory_client
+from txstream.kafka.memory_clients import (
+    MemoryProducer,
+    check_memory_broker,
+    memory_admin,
+    memory_consumer,
+    memory_producer,
+)
+from txstream.kafka.protocols import Admin, Consumer, KafkaClient, Producer
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
@@ -26,7 +33,7 @@ __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "c
            "close_quietly", "ClientSlot",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
-T = TypeVar("T")
+C = TypeVar("C", bound=KafkaClient)
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,9 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
 _UNREACHABLE = _unreachable_errors()
 
 
-class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]
-    """kafka-python's producer, asking the broker about every topic it sends to.
+class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]  # kafka-python is untyped
+    """kafka-python's producer, asking the broker about every topic it sends to: the
+    :class:`~txstream.kafka.protocols.Producer` every txstream producer on Kafka is.
 
     kafka-python's metadata requests name only the topics it tracks, and it starts tracking a
     topic only when it knows none of the topic's partitions. tansu answers the first metadata
@@ -91,7 +99,7 @@ def client_id(settings: KafkaSettings, role: str | None, kind: str) -> str:
     ``txstream``; the role is the caller's (``source``, ``producer-<group>``, ...), else the
     settings' ``client_role``, else the kind of client."""
     prefix = str(settings.properties.get("client.id") or "txstream").strip()
-    return f"{prefix}-{role or settings.client_role or kind}"
+    return f"{prefix}-{role or settings.role or kind}"
 
 
 def _kwargs(settings: KafkaSettings, kind: str, role: str | None, defaults: dict[str, Any],
@@ -102,21 +110,24 @@ def _kwargs(settings: KafkaSettings, kind: str, role: str | None, defaults: dict
     return kw
 
 
-def make_producer(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
+def make_producer(settings: KafkaSettings, *, role: str | None = None,
+                  **overrides: Any) -> Producer:
     """An idempotent, acks=all producer: a send counts only once the broker stored it.
     ``role`` names it in its client id (see :func:`client_id`)."""
     kw = _kwargs(settings, "producer", role, _PRODUCER_DEFAULTS, overrides)
     try:
         if is_memory(settings):
-            return memory_client(settings, "producer", kw)
-        return TopicTrackingProducer(**kw)
+            return memory_producer(settings, kw)
+        producer: Producer = TopicTrackingProducer(**kw)
+        return producer
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
         ) from None
 
 
-def make_consumer(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
+def make_consumer(settings: KafkaSettings, *, role: str | None = None,
+                  **overrides: Any) -> Consumer:
     """A consumer. Without ``group_id`` it is meant for ``assign()`` with our own offsets."""
     from kafka import KafkaConsumer
 
@@ -126,22 +137,24 @@ def make_consumer(settings: KafkaSettings, *, role: str | None = None, **overrid
     kw = _kwargs(settings, "consumer", role, defaults, overrides)
     try:
         if is_memory(settings):
-            return memory_client(settings, "consumer", kw)
-        return KafkaConsumer(**kw)
+            return memory_consumer(settings, kw)
+        consumer: Consumer = KafkaConsumer(**kw)
+        return consumer
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
         ) from None
 
 
-def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Any:
+def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides: Any) -> Admin:
     from kafka import KafkaAdminClient
 
     kw = _kwargs(settings, "admin", role, {}, overrides)
     try:
         if is_memory(settings):
-            return memory_client(settings, "admin", kw)
-        return KafkaAdminClient(**kw)
+            return memory_admin(settings, kw)
+        admin: Admin = KafkaAdminClient(**kw)
+        return admin
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(
             f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}"
@@ -185,7 +198,7 @@ def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
         delay = min(delay * 2, 5.0)
 
 
-def close_quietly(client: Any) -> None:
+def close_quietly(client: KafkaClient) -> None:
     """Close a client that may be broken; never raises.
 
     A producer is closed without waiting: kafka-python's ``close()`` flushes first and, when
@@ -206,17 +219,17 @@ def close_quietly(client: Any) -> None:
 # Clients kept for the life of a process, one per key: Spark reuses its Python workers
 # (spark.python.worker.reuse), and connecting (for an idempotent producer, also getting a
 # producer id) costs more than a micro-batch's reads or writes.
-_CACHED: dict[Hashable, Any] = {}
+_CACHED: dict[Hashable, KafkaClient] = {}
 _CACHED_LOCK = threading.Lock()
 
 
-def cached_client(key: Hashable, make: Callable[[], T]) -> T:
+def cached_client(key: Hashable, make: Callable[[], C]) -> C:
     """This process's client for ``key``, made by ``make`` the first time."""
     with _CACHED_LOCK:
         client = _CACHED.get(key)
         if client is None:
             client = _CACHED[key] = make()
-        return client  # type: ignore[no-any-return]
+        return cast(C, client)  # a key's client is always made by the same kind of ``make``
 
 
 def drop_cached_client(key: Hashable) -> None:
@@ -239,16 +252,16 @@ def clear_cached_clients() -> None:
         close_quietly(client)
 
 
-class ClientSlot:
+class ClientSlot(Generic[C]):
     """One client, made by ``make`` when first wanted: the slot's own, closed by
     :meth:`close`, or with ``kept_as`` the process's (:func:`cached_client`), which outlives
     the slot."""
 
-    def __init__(self, make: Callable[[], Any], kept_as: Hashable | None = None) -> None:
+    def __init__(self, make: Callable[[], C], kept_as: Hashable | None = None) -> None:
         self._make, self.key = make, kept_as
-        self._own: Any = None
+        self._own: C | None = None
 
-    def get(self) -> Any:
+    def get(self) -> C:
         if self.key is not None:
             return cached_client(self.key, self._make)
         if self._own is None:

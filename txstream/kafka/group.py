@@ -19,10 +19,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from kafka import AsyncConsumerRebalanceListener
-from kafka.structs import OffsetAndMetadata
+
+from txstream.kafka.protocols import (
+    Consumer,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    TopicPartition,
+)
 
 __all__ = ["Member", "Offsets", "CommittingConsumer", "CommitOnRevoke", "commit_map"]
 
@@ -32,9 +38,9 @@ log = logging.getLogger(__name__)
 class Offsets(Protocol):
     """What may be committed, and what was."""
 
-    def to_commit(self, tps: set[Any]) -> dict[Any, int]: ...
+    def to_commit(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]: ...
 
-    def committed(self, offsets: dict[Any, int]) -> None: ...
+    def committed(self, offsets: dict[TopicPartition, int]) -> None: ...
 
 
 class Member(Protocol):
@@ -44,19 +50,19 @@ class Member(Protocol):
         """On the polling thread, before each poll (rewinds, positions, pauses): returns how
         long the poll may wait, in ms."""
 
-    def take(self, tp: Any, records: list[Any]) -> bool:
+    def take(self, tp: TopicPartition, records: list[ConsumerRecord]) -> bool:
         """Records fetched for ``tp``; True asks for a moment's pause (work refused)."""
 
-    def owned(self) -> set[Any]:
+    def owned(self) -> set[TopicPartition]:
         """The partitions whose offsets are this member's to commit now."""
 
-    def settle(self, tps: set[Any], timeout_s: float) -> None:
+    def settle(self, tps: set[TopicPartition], timeout_s: float) -> None:
         """``tps`` are revoked or lost: stop or finish their work, within ``timeout_s``."""
 
-    def drop(self, tps: set[Any]) -> None:
+    def drop(self, tps: set[TopicPartition]) -> None:
         """``tps`` are no longer this member's (committed, if they were revoked)."""
 
-    def assigned(self, tps: set[Any]) -> None:
+    def assigned(self, tps: set[TopicPartition]) -> None:
         """``tps`` (maybe none: a join completed) are assigned."""
 
     def finish(self) -> None:
@@ -66,18 +72,18 @@ class Member(Protocol):
         """Stopping: after the last commit, before the consumer closes."""
 
 
-def commit_map(offsets: dict[Any, int]) -> dict[Any, OffsetAndMetadata]:
+def commit_map(offsets: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
     return {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()}
 
 
-class CommitOnRevoke(AsyncConsumerRebalanceListener):
+class CommitOnRevoke(AsyncConsumerRebalanceListener):  # type: ignore[misc]  # untyped base
     """Revoked: the work settles (bounded), what may be committed is, then the partitions are
     dropped. Lost: dropped at once, nothing committed."""
 
     def __init__(self, group: CommittingConsumer) -> None:
         self._group = group
 
-    async def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         g, tps = self._group, set(revoked)
         if not tps:
             return
@@ -92,10 +98,10 @@ class CommitOnRevoke(AsyncConsumerRebalanceListener):
                 log.info("offset commit of %s on revocation failed: %s", g.name, exc)
         g.member.drop(tps)
 
-    async def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         self._group.member.assigned(set(assigned))
 
-    async def on_partitions_lost(self, lost: Any) -> None:
+    async def on_partitions_lost(self, lost: Iterable[TopicPartition]) -> None:
         tps = set(lost)
         if tps:
             self._group.member.settle(tps, 0.0)
@@ -106,7 +112,7 @@ class CommittingConsumer:
     """Runs ``consumer`` (a group member) for ``member``: :meth:`run` is the polling thread's
     body; it closes the consumer when ``stop`` is set. ``name`` names it in the log."""
 
-    def __init__(self, consumer: Any, offsets: Offsets, member: Member, *, name: str,
+    def __init__(self, consumer: Consumer, offsets: Offsets, member: Member, *, name: str,
                  drain_s: float) -> None:
         self.consumer, self.offsets, self.member = consumer, offsets, member
         self.name, self.drain_s = name, drain_s

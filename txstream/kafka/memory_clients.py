@@ -1,5 +1,6 @@
-"""The in-memory broker's producer and admin client, and how :mod:`txstream.kafka.clients`
-makes clients for a ``memory://NAME`` setting (:func:`memory_client`).
+"""The in-memory broker's producer, and how :mod:`txstream.kafka.clients` makes clients for a
+``memory://NAME`` setting (:func:`memory_producer`, :func:`memory_consumer`,
+:func:`memory_admin`), each the :mod:`txstream.kafka.protocols` Protocol of its kind.
 
 The producer is kafka-python 3.0.12's ``KafkaProducer`` as txstream uses it (idempotent,
 acks=all, one partition's records in order). A send is checked and placed at once, as
@@ -15,15 +16,18 @@ waiting.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka.future import Future
-
 from txstream.errors import BrokerUnavailable
+from txstream.kafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+)
 from txstream.kafka.memory import (
-    MEMORY_SCHEME,
     ClientMetadata,
     MemoryBroker,
     StoredRecord,
@@ -31,15 +35,23 @@ from txstream.kafka.memory import (
     broker_name,
     lookup,
 )
+from txstream.kafka.memory_admin import MemoryAdmin
 from txstream.kafka.memory_consumer import MemoryConsumer
+from txstream.kafka.protocols import (
+    Admin,
+    Consumer,
+    OffsetAndMetadata,
+    Producer,
+    RecordMetadata,
+    TopicPartition,
+)
 from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["MemoryProducer", "MemoryAdmin", "RecordFuture", "memory_client", "check_memory_broker"]
+__all__ = ["MemoryProducer", "RecordFuture", "memory_producer", "memory_consumer",
+           "memory_admin", "check_memory_broker"]
 
 
 def _broker(settings: KafkaSettings) -> MemoryBroker:
-    from kafka.errors import KafkaTimeoutError
-
     broker = lookup(broker_name(settings))
     if broker is None:
         raise KafkaTimeoutError(f"Unable to bootstrap from {settings.bootstrap_servers}: no "
@@ -48,12 +60,18 @@ def _broker(settings: KafkaSettings) -> MemoryBroker:
     return broker
 
 
-def memory_client(settings: KafkaSettings, kind: str, kwargs: dict[str, Any]) -> Any:
-    """A client of ``kind`` (producer, consumer, admin) of the memory broker ``settings``
-    name, made with kafka-python's keyword arguments (unknown ones are refused alike)."""
-    broker = _broker(settings)
-    made = {"producer": MemoryProducer, "consumer": MemoryConsumer, "admin": MemoryAdmin}[kind]
-    return made(broker, **kwargs)
+# Each a client of the memory broker ``settings`` name, made with kafka-python's keyword
+# arguments (unknown ones are refused alike). Their return types hold the fakes to the Protocols.
+def memory_producer(settings: KafkaSettings, kwargs: dict[str, Any]) -> Producer:
+    return MemoryProducer(_broker(settings), **kwargs)
+
+
+def memory_consumer(settings: KafkaSettings, kwargs: dict[str, Any]) -> Consumer:
+    return MemoryConsumer(_broker(settings), **kwargs)
+
+
+def memory_admin(settings: KafkaSettings, kwargs: dict[str, Any]) -> Admin:
+    return MemoryAdmin(_broker(settings), **kwargs)
 
 
 def check_memory_broker(settings: KafkaSettings) -> None:
@@ -65,22 +83,36 @@ def check_memory_broker(settings: KafkaSettings) -> None:
                                 f"({type(exc).__name__}: {exc})") from None
 
 
-class RecordFuture(Future):  # type: ignore[misc]
-    """kafka-python's ``FutureRecordMetadata``: ``get()`` waits for the record's delivery."""
+class RecordFuture:
+    """kafka-python's ``FutureRecordMetadata`` (a :class:`~txstream.kafka.protocols.SendFuture`):
+    ``get()`` waits for the record's delivery."""
 
     def __init__(self, producer: MemoryProducer) -> None:
-        super().__init__()
         self._producer = producer
+        self.is_done = False
+        self.value: RecordMetadata | None = None
+        self.exception: BaseException | None = None
 
-    def get(self, timeout: float | None = None) -> Any:
+    def succeeded(self) -> bool:
+        return self.is_done and self.exception is None
+
+    def failed(self) -> bool:
+        return self.is_done and self.exception is not None
+
+    def success(self, value: RecordMetadata) -> None:
+        self.value, self.is_done = value, True
+
+    def failure(self, exception: BaseException) -> None:
+        self.exception, self.is_done = exception, True
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
         if not self.is_done:
             self._producer._deliver(timeout, flushing=False)
         if not self.is_done:
-            from kafka.errors import KafkaTimeoutError
-
             raise KafkaTimeoutError(f"Timeout after waiting for {timeout} secs.")
-        if self.failed():
+        if self.exception is not None:
             raise self.exception
+        assert self.value is not None  # done without an exception: success() set it
         return self.value
 
 
@@ -121,8 +153,6 @@ class MemoryProducer:
         return set(range(self._wait_on_metadata(topic)))
 
     def _wait_on_metadata(self, topic: str) -> int:
-        from kafka.errors import KafkaTimeoutError
-
         count = self._metadata.count(topic, named=True)
         if not count:
             raise KafkaTimeoutError(
@@ -132,7 +162,6 @@ class MemoryProducer:
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
              headers: list[tuple[str, bytes]] | None = None, partition: int | None = None,
              timestamp_ms: int | None = None) -> RecordFuture:
-        from kafka.errors import IllegalStateError, MessageSizeTooLargeError
         from kafka.record.default_records import DefaultRecordBatchBuilder
 
         if self._closed:
@@ -172,8 +201,6 @@ class MemoryProducer:
     def _deliver(self, timeout: float | None, flushing: bool) -> None:
         """Append what can be, in order per partition; then expire what waited long enough,
         or raise the timeout of ``flush`` for what still waits."""
-        from kafka.errors import KafkaTimeoutError
-
         self._expire(0)  # kafka-python's sender expired them while they waited
         blocked: set[tuple[str, int]] = set()
         for pending in list(self._pending):
@@ -218,8 +245,6 @@ class MemoryProducer:
     def close(self, timeout: float | None = None, null_logger: bool = False) -> None:
         """Deliver what waits within ``timeout``; ``timeout=0`` drops it (kafka-python's
         forced close: the futures fail) and raises the flush's timeout, as kafka-python."""
-        from kafka.errors import KafkaError, KafkaTimeoutError
-
         if self._closed:
             return
         if timeout != 0:
@@ -231,161 +256,41 @@ class MemoryProducer:
         if dropped:
             raise KafkaTimeoutError("Timeout waiting for future")
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("init_transactions", "begin_transaction", "commit_transaction",
-                    "abort_transaction", "send_offsets_to_transaction"):
-            raise UnsupportedByMemoryBroker(f"{name}: the memory broker has no transactions")
-        raise AttributeError(name)
+    # Kafka transactions: refused (a transactional_id is refused when the producer is made).
+    def init_transactions(self) -> None:
+        raise _no_transactions("init_transactions")
+
+    def begin_transaction(self) -> None:
+        raise _no_transactions("begin_transaction")
+
+    def commit_transaction(self) -> None:
+        raise _no_transactions("commit_transaction")
+
+    def abort_transaction(self) -> None:
+        raise _no_transactions("abort_transaction")
+
+    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                                    group_metadata: object) -> None:
+        raise _no_transactions("send_offsets_to_transaction")
+
+
+def _no_transactions(name: str) -> UnsupportedByMemoryBroker:
+    return UnsupportedByMemoryBroker(f"{name}: the memory broker has no transactions")
 
 
 def _expired(pending: _Pending, limit: int) -> Exception:
-    from kafka.errors import KafkaTimeoutError
-
     return KafkaTimeoutError(f"Expiring 1 record(s) for {pending.topic}-{pending.partition}: "
                              f"{limit} ms has passed since batch creation")
 
 
-def _metadata(pending: _Pending, record: StoredRecord) -> Any:
-    from kafka import TopicPartition
-    from kafka.producer.future import RecordMetadata
+def _metadata(pending: _Pending, record: StoredRecord) -> RecordMetadata:
+    from kafka.producer.future import RecordMetadata as KafkaRecordMetadata
 
     headers = pending.headers
-    return RecordMetadata(
+    metadata: RecordMetadata = KafkaRecordMetadata(
         pending.topic, pending.partition, TopicPartition(pending.topic, pending.partition),
         record.offset, record.timestamp, None,
         len(pending.key) if pending.key is not None else -1,
         len(pending.value) if pending.value is not None else -1,
         sum(len(k.encode()) + len(v) for k, v in headers) if headers else -1)
-
-
-class MemoryAdmin:
-    """kafka-python's ``KafkaAdminClient``, the calls txstream makes, answering in its shapes
-    (those tansu gives, where Kafka and tansu differ in detail)."""
-
-    BROKER_ID = 1
-
-    def __init__(self, broker: MemoryBroker, **configs: Any) -> None:
-        from kafka import KafkaAdminClient
-        from kafka.errors import KafkaConfigurationError
-
-        extra = set(configs) - set(KafkaAdminClient.DEFAULT_CONFIG)
-        if extra:
-            raise KafkaConfigurationError(f"Unrecognized configs: {extra}")
-        self.config = {**KafkaAdminClient.DEFAULT_CONFIG, **configs}
-        self._broker = broker
-        self._closed = False
-
-    def _up(self) -> MemoryBroker:
-        self._broker.check_up("answer to an admin request")
-        return self._broker
-
-    def list_topics(self) -> list[str]:
-        return self._up().topic_names()
-
-    def describe_topics(self, topics: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        broker = self._up()
-        return [self._described(broker, name)
-                for name in (broker.topic_names() if topics is None else topics)]
-
-    def _described(self, broker: MemoryBroker, name: str) -> dict[str, Any]:
-        count = broker.partition_count(name)
-        if count is None:
-            return {"error_code": 3, "name": name, "topic_id": None, "is_internal": False,
-                    "partitions": [], "authorized_operations": None}
-        node = self.BROKER_ID
-        parts = [{"error_code": 0, "partition_index": p, "leader_id": node, "leader_epoch": 0,
-                  "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
-                 for p in range(count)]
-        return {"error_code": 0, "name": name, "topic_id": broker.topic_id(name),
-                "is_internal": False, "partitions": parts, "authorized_operations": None}
-
-    def create_topics(self, new_topics: Mapping[str, Mapping[str, Any]],
-                      timeout_ms: int | None = None, validate_only: bool = False,
-                      raise_errors: bool = True, wait_for_metadata: bool = False
-                      ) -> dict[str, Any]:
-        """``new_topics`` as kafka-python's dict form: {name: {num_partitions,
-        replication_factor, configs}}."""
-        from kafka.errors import for_code
-
-        broker = self._up()
-        results = []
-        for name, spec in new_topics.items():
-            partitions = int(spec.get("num_partitions", -1))
-            replication = int(spec.get("replication_factor", -1))
-            partitions = broker.default_partitions if partitions == -1 else partitions
-            code, message = 0, None
-            if broker.partition_count(name) is not None:
-                code, message = 36, "Topic with this name already exists."
-            elif partitions < 1:
-                code, message = 37, "Number of partitions must be larger than 0."
-            elif replication not in (-1, 1):
-                code, message = 38, "Replication factor must be -1 or 1 (one broker)."
-            elif not validate_only:
-                broker.create_topic(name, partitions, dict(spec.get("configs") or {}))
-            if code and raise_errors:
-                raise for_code(code)(message)
-            results.append({"name": name, "topic_id": None if code else broker.topic_id(name),
-                            "error_code": code, "error_message": message,
-                            "topic_config_error_code": 0, "num_partitions": partitions,
-                            "replication_factor": 1})
-        return {"topics": results}
-
-    def delete_topics(self, topics: Sequence[str], timeout_ms: int | None = None,
-                      raise_errors: bool = True) -> dict[str, Any]:
-        from kafka.errors import UnknownTopicOrPartitionError
-
-        broker = self._up()
-        results = []
-        for name in topics:
-            present = broker.partition_count(name) is not None
-            if present:
-                broker.delete_topic(name)
-            elif raise_errors:
-                raise UnknownTopicOrPartitionError(name)
-            results.append({"name": name, "topic_id": None, "error_code": 0 if present else 3,
-                            "error_message": None})
-        return {"topics": results}
-
-    def describe_cluster(self) -> dict[str, Any]:
-        self._up()
-        return {"cluster_id": f"memory-{self._broker.name}", "controller_id": self.BROKER_ID,
-                "brokers": [{"broker_id": self.BROKER_ID, "host": MEMORY_SCHEME.rstrip(":/"),
-                             "port": 0, "rack": None}],
-                "authorized_operations": None}
-
-    def describe_configs(self, config_resources: Sequence[Any], include_synonyms: bool = False,
-                         config_filter: str = "modified") -> dict[str, Any]:
-        """Topics: the configs they were given; the broker: ``auto.create.topics.enable``
-        (unless made like tansu, which tells nothing)."""
-        from kafka.admin import ConfigResourceType
-
-        broker = self._up()
-        out: dict[str, Any] = {}
-        for resource in config_resources:
-            if resource.resource_type == ConfigResourceType.TOPIC:
-                found = (broker.topic_configs(resource.name)
-                         if broker.partition_count(resource.name) is not None else {})
-                out.setdefault("topic", {})[resource.name] = {
-                    k: _config_entry(v) for k, v in found.items()}
-            elif resource.resource_type == ConfigResourceType.BROKER:
-                told = ({"auto.create.topics.enable": _config_entry(
-                    str(broker.auto_create).lower())} if broker.tells_broker_configs else {})
-                out.setdefault("broker", {})[str(resource.name)] = told
-            else:
-                raise UnsupportedByMemoryBroker(f"describe_configs of {resource.resource_type}")
-        return out
-
-    def close(self) -> None:
-        self._closed = True
-
-    def __enter__(self) -> MemoryAdmin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _config_entry(value: str) -> dict[str, Any]:
-    return {"value": value, "read_only": False, "config_source": "DEFAULT_CONFIG",
-            "is_sensitive": False, "synonyms": [], "config_type": "STRING",
-            "documentation": ""}
+    return metadata

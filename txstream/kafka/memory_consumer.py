@@ -16,10 +16,16 @@ import copy
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
+from txstream.kafka.errors import (
+    IllegalStateError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 from txstream.kafka.memory import ClientMetadata, MemoryBroker, UnsupportedByMemoryBroker
 from txstream.kafka.memory_log import FetchAnswer, consumer_record, record_size
+from txstream.kafka.protocols import ConsumerRecord, TopicPartition
 
 __all__ = ["MemoryConsumer"]
 
@@ -36,7 +42,7 @@ class _PartitionState:
 
 @dataclass
 class _Answer:
-    tp: Any
+    tp: TopicPartition
     fetch_offset: int
     answer: FetchAnswer
 
@@ -45,15 +51,15 @@ class _Answer:
 class _Buffered:
     """Records of a parsed answer not yet returned (kafka-python's PartitionRecords)."""
 
-    tp: Any
+    tp: TopicPartition
     next_offset: int
-    records: deque[Any] = field(default_factory=deque)
+    records: deque[ConsumerRecord] = field(default_factory=deque)
     exhausted: bool = False
 
 
 @dataclass
 class _Request:
-    offsets: dict[Any, int]  # TopicPartition -> fetch offset
+    offsets: dict[TopicPartition, int]  # fetch offsets
     answers: list[_Answer]
     sent_at_poll: int
 
@@ -75,12 +81,12 @@ class MemoryConsumer:
         broker.check_up("bootstrap")
         self._broker = broker
         self._closed = False
-        self._assignment: dict[Any, _PartitionState] = {}
-        self._user_assignment: set[Any] = set()
+        self._assignment: dict[TopicPartition, _PartitionState] = {}
+        self._user_assignment: set[TopicPartition] = set()
         self._answers: deque[_Answer] = deque()
         self._buffered: _Buffered | None = None
         # Answers and records of paused partitions, set aside until resumed (KAFKA-7548).
-        self._parked: dict[Any, _Answer | _Buffered] = {}
+        self._parked: dict[TopicPartition, _Answer | _Buffered] = {}
         self._in_flight: _Request | None = None
         self._polls = 0
         self._metadata = ClientMetadata(broker, self.config["metadata_max_age_ms"],
@@ -101,7 +107,7 @@ class MemoryConsumer:
 
     # --- assignment and positions ------------------------------------------------------------
 
-    def assign(self, partitions: Iterable[Any]) -> None:
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """kafka-python's ``assign_from_user``: the same set changes nothing; a new set keeps
         the state of the partitions it shares with the old one; an empty one unsubscribes."""
         self._check_open()
@@ -131,13 +137,11 @@ class MemoryConsumer:
             self._tracked = topics
             self._metadata.forget()
 
-    def assignment(self) -> set[Any]:
+    def assignment(self) -> set[TopicPartition]:
         return set(self._assignment)
 
-    def _state(self, tp: Any, error: type[Exception] | None = None) -> _PartitionState:
-        from kafka import TopicPartition
-        from kafka.errors import IllegalStateError
-
+    def _state(self, tp: TopicPartition, error: type[Exception] | None = None
+               ) -> _PartitionState:
         if not isinstance(tp, TopicPartition):
             raise TypeError("partition must be a TopicPartition namedtuple")
         if tp not in self._assignment:
@@ -146,10 +150,8 @@ class MemoryConsumer:
             raise IllegalStateError("Partition is not assigned")
         return self._assignment[tp]
 
-    def seek(self, partition: Any, offset: int) -> None:
+    def seek(self, partition: TopicPartition, offset: int) -> None:
         """The position only; the high watermark stays what the last fetch said."""
-        from kafka import TopicPartition
-
         if not isinstance(partition, TopicPartition):
             raise TypeError("partition must be a TopicPartition namedtuple")
         if not isinstance(offset, int) or offset < 0:
@@ -157,26 +159,27 @@ class MemoryConsumer:
         state = self._state(partition, ValueError)
         state.position, state.reset = offset, None
 
-    def seek_to_beginning(self, *partitions: Any) -> None:
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         self._reset_to(partitions, "earliest")
 
-    def seek_to_end(self, *partitions: Any) -> None:
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
         self._reset_to(partitions, "latest")
 
-    def _reset_to(self, partitions: tuple[Any, ...], strategy: str) -> None:
+    def _reset_to(self, partitions: tuple[TopicPartition, ...], strategy: str) -> None:
         if not partitions and not self._assignment:
             raise ValueError("No partitions are currently assigned")
         for tp in partitions or list(self._assignment):
             state = self._state(tp, ValueError)
             state.position, state.reset = None, strategy
 
-    def position(self, partition: Any, timeout_ms: int | None = None) -> int | None:
+    def position(self, partition: TopicPartition, timeout_ms: int | None = None
+                 ) -> int | None:
         """The position, after a pending reset (None if the broker cannot tell)."""
         state = self._state(partition)
         self._reset_positions()
         return state.position
 
-    def highwater(self, partition: Any) -> int | None:
+    def highwater(self, partition: TopicPartition) -> int | None:
         return self._state(partition).highwater
 
     def forget_fetched(self) -> None:
@@ -187,22 +190,20 @@ class MemoryConsumer:
         self._buffered = None
         self._parked.clear()
 
-    def pause(self, *partitions: Any) -> None:
+    def pause(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
             self._state(tp).paused = True
 
-    def resume(self, *partitions: Any) -> None:
+    def resume(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
             self._state(tp).paused = False
 
-    def paused(self) -> set[Any]:
+    def paused(self) -> set[TopicPartition]:
         return {tp for tp, state in self._assignment.items() if state.paused}
 
     def _reset_positions(self) -> None:
         """Resolve missing positions by ``auto_offset_reset`` (ListOffsets); a partition that
         does not exist, or a broker that is down, leaves them missing."""
-        from kafka.errors import NoOffsetForPartitionError
-
         for tp, state in self._assignment.items():
             if state.position is None and state.reset is None:
                 if self.config["auto_offset_reset"] == "none":
@@ -217,10 +218,8 @@ class MemoryConsumer:
     # --- polling -----------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None,
-             update_offsets: bool = True) -> dict[Any, list[Any]]:
+             update_offsets: bool = True) -> dict[TopicPartition, list[ConsumerRecord]]:
         """One round of kafka-python's fetcher; never waits (see the module)."""
-        from kafka.errors import IllegalStateError
-
         if timeout_ms < 0:
             raise ValueError("Timeout must not be negative")
         max_records = self.config["max_poll_records"] if max_records is None else max_records
@@ -250,7 +249,7 @@ class MemoryConsumer:
         if self._metadata.stale():
             self._metadata.refresh(sorted(self._tracked))
 
-    def _fetchable(self, tp: Any) -> bool:
+    def _fetchable(self, tp: TopicPartition) -> bool:
         state = self._assignment.get(tp)
         return state is not None and not state.paused and state.position is not None
 
@@ -260,7 +259,7 @@ class MemoryConsumer:
         holding = {a.tp for a in self._answers} | set(self._parked)
         if self._buffered is not None and not self._buffered.exhausted:
             holding.add(self._buffered.tp)
-        offsets: dict[Any, int] = {}
+        offsets: dict[TopicPartition, int] = {}
         for tp, state in self._assignment.items():
             known = self._metadata.partitions.get(tp.topic, 0)
             # A partition without a leader (not in the metadata) is not fetched.
@@ -270,7 +269,7 @@ class MemoryConsumer:
         if offsets:
             self._in_flight = _Request(offsets, self._answer(offsets), self._polls)
 
-    def _answer(self, offsets: dict[Any, int]) -> list[_Answer]:
+    def _answer(self, offsets: dict[TopicPartition, int]) -> list[_Answer]:
         """The broker's answer now: each partition up to ``max_partition_fetch_bytes``, all
         up to ``fetch_max_bytes``, the first record of the response whatever its size."""
         budget = self.config["fetch_max_bytes"]
@@ -300,10 +299,11 @@ class MemoryConsumer:
             answers = self._answer(request.offsets)
         self._answers.extend(answers)
 
-    def _drain(self, max_records: int) -> tuple[dict[Any, list[Any]], bool]:
+    def _drain(self, max_records: int
+               ) -> tuple[dict[TopicPartition, list[ConsumerRecord]], bool]:
         """kafka-python's ``fetched_records``: (records, whether answers still wait)."""
         self._unpark()
-        drained: dict[Any, list[Any]] = {}
+        drained: dict[TopicPartition, list[ConsumerRecord]] = {}
         remaining = max_records
         while remaining > 0:
             buffered = self._buffered
@@ -321,7 +321,7 @@ class MemoryConsumer:
                 remaining -= self._take(drained, buffered, remaining)
         return drained, bool(self._answers)
 
-    def _paused(self, tp: Any) -> bool:
+    def _paused(self, tp: TopicPartition) -> bool:
         state = self._assignment.get(tp)
         return state is not None and state.paused
 
@@ -338,8 +338,6 @@ class MemoryConsumer:
     def _parse(self, answer: _Answer) -> _Buffered | None:
         """kafka-python's ``_parse_fetched_data``: an answer counts only for a fetchable
         partition whose position is still the fetch offset."""
-        from kafka.errors import OffsetOutOfRangeError
-
         tp, got = answer.tp, answer.answer
         if got.error == "unknown":
             self._metadata.forget()  # no such partition: kafka-python asks for metadata again
@@ -359,7 +357,8 @@ class MemoryConsumer:
         self._to_end(tp)
         return None
 
-    def _take(self, drained: dict[Any, list[Any]], buffered: _Buffered, count: int) -> int:
+    def _take(self, drained: dict[TopicPartition, list[ConsumerRecord]], buffered: _Buffered,
+              count: int) -> int:
         """kafka-python's ``_append``: the buffered records go out only while they continue
         the position; else they are dropped."""
         tp = buffered.tp
@@ -377,7 +376,7 @@ class MemoryConsumer:
         state.position = buffered.next_offset
         return len(taken)
 
-    def _to_end(self, tp: Any) -> None:
+    def _to_end(self, tp: TopicPartition) -> None:
         """kafka-python moves a partition it drained (or that failed) to the end of the
         assignment's order: the next fetch's order."""
         if tp in self._assignment:
@@ -392,8 +391,6 @@ class MemoryConsumer:
         self._buffered = self._in_flight = None
 
     def _check_open(self) -> None:
-        from kafka.errors import IllegalStateError
-
         if self._closed:
             raise IllegalStateError("KafkaConsumer is closed")
 
@@ -403,20 +400,25 @@ class MemoryConsumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def subscribe(self, *args: Any, **kwargs: Any) -> None:
+    # A group member's calls: refused (no consumer groups here).
+    def subscribe(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise _no_groups("subscribe")
 
     def subscription(self) -> None:
         return None
 
-    def commit(self, *args: Any, **kwargs: Any) -> None:
+    def commit(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise _no_groups("commit")
 
-    def commit_async(self, *args: Any, **kwargs: Any) -> None:
+    def commit_async(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise _no_groups("commit_async")
 
-    def committed(self, *args: Any, **kwargs: Any) -> None:
+    def committed(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise _no_groups("committed")
+
+    def offsets_for_times(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise UnsupportedByMemoryBroker("offsets_for_times: the memory broker has no ListOffsets "
+                                        "by time")
 
 
 def _no_groups(call: str) -> UnsupportedByMemoryBroker:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from txstream.kafka.protocols import ConsumerRecord
 
 __all__ = ["CREATE_TIME", "LOG_APPEND_TIME", "DEFAULT_RETENTION_MS", "Headers", "StoredRecord",
            "FetchAnswer", "PartitionLog", "Topic", "record_size", "consumer_record"]
@@ -40,15 +42,16 @@ def record_size(record: StoredRecord) -> int:
             + sum(len(k) + len(v) for k, v in record.headers))
 
 
-def consumer_record(topic: str, partition: int, r: StoredRecord) -> Any:
+def consumer_record(topic: str, partition: int, r: StoredRecord) -> ConsumerRecord:
     """The record as kafka-python's consumer returns it."""
-    from kafka.consumer.fetcher import ConsumerRecord
+    from kafka.consumer.fetcher import ConsumerRecord as KafkaConsumerRecord
 
-    return ConsumerRecord(
+    record: ConsumerRecord = KafkaConsumerRecord(
         topic, partition, 0, r.offset, r.timestamp, r.timestamp_type, r.key, r.value,
         list(r.headers), None, len(r.key) if r.key is not None else -1,
         len(r.value) if r.value is not None else -1,
         sum(len(k.encode()) + len(v) for k, v in r.headers) if r.headers else -1)
+    return record
 
 
 class PartitionLog:

@@ -30,7 +30,7 @@ __all__ = ["ClientCredentialsTokenProvider", "token_provider"]
 REFRESH_MARGIN_S = 60.0
 
 
-class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[misc]  # untyped base
     """Access tokens of one OAuth client, fetched when needed and cached until near expiry.
 
     A token whose response has no ``expires_in`` is fetched again at every use.

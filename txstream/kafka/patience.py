@@ -12,6 +12,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from txstream.kafka.clients import PATIENT_FETCH_WAIT_MS, ClientSlot, make_consumer
+from txstream.kafka.protocols import Consumer
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["PatientConsumer", "forget_patience"]
@@ -46,7 +47,7 @@ class PatientConsumer:
     def patient(self) -> bool:
         return self._key in _PATIENT_KEYS if self._key is not None else self._patient
 
-    def __call__(self, patient: bool = False) -> Any:
+    def __call__(self, patient: bool = False) -> Consumer:
         if patient and not self.patient:
             self.drop()
             if self._key is not None:
@@ -55,7 +56,7 @@ class PatientConsumer:
                 self._patient = True
         return self._slot.get()
 
-    def _make(self) -> Any:
+    def _make(self) -> Consumer:
         wait_ms = PATIENT_FETCH_WAIT_MS if self.patient else FAST_FETCH_WAIT_MS
         return make_consumer(self._settings, role=self._role, fetch_max_wait_ms=wait_ms,
                              **self._options)

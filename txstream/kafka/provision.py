@@ -21,6 +21,8 @@ from typing import Any
 
 from txstream.errors import BrokerUnavailable, ConfigError
 from txstream.kafka.clients import make_admin
+from txstream.kafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from txstream.kafka.protocols import Admin
 from txstream.kafka.settings import KafkaSettings
 from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, Topics, validate_topic
 
@@ -247,10 +249,8 @@ class TopicState:
 
 
 @contextmanager
-def admin_client(settings: KafkaSettings) -> Iterator[Any]:
+def admin_client(settings: KafkaSettings) -> Iterator[Admin]:
     """An admin client, closed after; a Kafka error in the block becomes one clear line."""
-    from kafka.errors import KafkaError
-
     admin = make_admin(settings)
     try:
         yield admin
@@ -269,7 +269,7 @@ _SHOWN_CONFIGS = ("retention.ms", "retention.bytes", "max.message.bytes",
                   "message.timestamp.type", "cleanup.policy")
 
 
-def topic_states(admin: Any, names: Sequence[str], with_configs: bool = False
+def topic_states(admin: Admin, names: Sequence[str], with_configs: bool = False
                  ) -> dict[str, TopicState]:
     """Which of ``names`` exist, with their partitions (a metadata request that never
     auto-creates) and, if asked, their retention and size limit."""
@@ -279,8 +279,10 @@ def topic_states(admin: Any, names: Sequence[str], with_configs: bool = False
     out: dict[str, TopicState] = {}
     for name in names:
         meta = described.get(name)
-        present = bool(meta and meta["error_code"] == 0)
-        out[name] = TopicState(name, present, len(meta["partitions"]) if present else None)
+        if meta and meta["error_code"] == 0:
+            out[name] = TopicState(name, True, len(meta["partitions"]))
+        else:
+            out[name] = TopicState(name, False)
     present = [n for n in names if out[n].present]
     if with_configs and present:
         try:
@@ -298,11 +300,9 @@ def topic_states(admin: Any, names: Sequence[str], with_configs: bool = False
     return out
 
 
-def create_topics(admin: Any, specs: Sequence[TopicSpec]) -> dict[str, str | None]:
+def create_topics(admin: Admin, specs: Sequence[TopicSpec]) -> dict[str, str | None]:
     """Create ``specs`` in one request. Per topic: None (created), :data:`EXISTS`, or the
     broker's error."""
-    from kafka.errors import TopicAlreadyExistsError, for_code
-
     if not specs:
         return {}
     request = {s.name: {"num_partitions": s.partitions,
@@ -314,7 +314,7 @@ def create_topics(admin: Any, specs: Sequence[TopicSpec]) -> dict[str, str | Non
         code = result["error_code"]
         if code == 0:
             out[result["name"]] = None
-        elif code == TopicAlreadyExistsError.errno:
+        elif for_code(code) is TopicAlreadyExistsError:
             out[result["name"]] = EXISTS
         else:
             error = for_code(code).__name__
@@ -323,7 +323,7 @@ def create_topics(admin: Any, specs: Sequence[TopicSpec]) -> dict[str, str | Non
     return out
 
 
-def broker_auto_create(admin: Any) -> bool | None:
+def broker_auto_create(admin: Admin) -> bool | None:
     """The broker's ``auto.create.topics.enable``, or None when it does not tell."""
     from kafka.admin import ConfigResource, ConfigResourceType
 

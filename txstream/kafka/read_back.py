@@ -14,8 +14,8 @@ that stops too early can only miss a record, never find one that is not there.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
+from txstream.kafka.protocols import ConsumerRecord
 from txstream.kafka.reading import ConsumerFor, Unreadable, read_range
 
 __all__ = ["SKEW_MARGIN_MS", "READ_BACK_CHUNK", "Chunk", "header_text", "read_back"]
@@ -26,7 +26,7 @@ SKEW_MARGIN_MS = 5_000
 READ_BACK_CHUNK = 2000  # offsets read per step backwards (and records per poll)
 
 
-def header_text(headers: Iterable[tuple[str, Any]] | None, wanted: str) -> str | None:
+def header_text(headers: Iterable[tuple[str, bytes | None]] | None, wanted: str) -> str | None:
     """The first value of header ``wanted`` as text (None: there is none)."""
     for name, value in headers or ():
         if name == wanted and value is not None:
@@ -34,22 +34,25 @@ def header_text(headers: Iterable[tuple[str, Any]] | None, wanted: str) -> str |
     return None
 
 
-class Chunk(list[Any]):
+class Chunk(list[ConsumerRecord]):
     """The records of one step backwards, in offset order, and the offset it starts at (the
     records of ``[start, end)`` that could be read: a chunk of a compacted log has gaps)."""
 
-    def __init__(self, start: int, records: Iterable[Any]) -> None:
+    def __init__(self, start: int, records: Iterable[ConsumerRecord]) -> None:
         super().__init__(records)
         self.start = start
 
 
-def _own_and_older(rec: Any, horizon: int, own: Callable[[Any], bool]) -> bool:
+Own = Callable[[ConsumerRecord], bool]  # whether a record is the coordinator's own
+
+
+def _own_and_older(rec: ConsumerRecord, horizon: int, own: Own) -> bool:
     ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp >= 0 else None
     return ts is not None and ts < horizon and own(rec)
 
 
 def read_back(consumers: ConsumerFor, topic: str, partition: int, end: int, since_ms: int,
-              own: Callable[[Any], bool], stall_s: float, *, floor: int = 0,
+              own: Own, stall_s: float, *, floor: int = 0,
               stop_at_end: bool = False) -> Iterator[Chunk]:
     """The records of ``[floor, end)``, newest chunk first (each in offset order), until a
     chunk holds a record of the coordinator's own (``own``) sent before ``since_ms``. A record

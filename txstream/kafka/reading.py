@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from txstream.errors import ReadFailed
 from txstream.kafka.clients import (
@@ -18,6 +18,9 @@ from txstream.kafka.clients import (
     ClientSlot,
     make_consumer,
 )
+from txstream.kafka.errors import CorruptRecordError, UnsupportedCodecError
+from txstream.kafka.memory_consumer import MemoryConsumer
+from txstream.kafka.protocols import Consumer, ConsumerRecord, TopicPartition
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["Unreadable", "EndProbe", "fetch_ends", "partition_ends", "read_range",
@@ -37,7 +40,8 @@ class Unreadable(NamedTuple):
     error: str
 
 
-def _assign(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]) -> None:
+def _assign(consumer: Consumer, tps: Sequence[TopicPartition],
+            starts: Mapping[Position, int]) -> None:
     # Re-assigning clears each partition's remembered high watermark and position. A fetch
     # kafka-python sent ahead and buffered is still taken when it was made at the offset
     # sought, with the high watermark of its time (read_range).
@@ -47,7 +51,7 @@ def _assign(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]) -
         consumer.seek(tp, starts.get((tp.topic, tp.partition), 0))
 
 
-def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int],
+def fetch_ends(consumer: Consumer, tps: Sequence[TopicPartition], starts: Mapping[Position, int],
                timeout_s: float) -> dict[Position, int]:
     """Every partition's end offset, from one fetch per partition at ``starts`` (default 0).
     A partition that does not exist (any more: its topic re-created with fewer) has none.
@@ -55,8 +59,6 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
     Fetching at the last known end makes the broker send (nearly) no records back; a consumer
     made with ``max_partition_fetch_bytes=1`` keeps even that small.
     """
-    from kafka.errors import CorruptRecordError, UnsupportedCodecError
-
     ends: dict[Position, int] = {}
     pending = list(tps)
     deadline = time.monotonic() + timeout_s
@@ -89,7 +91,7 @@ def fetch_ends(consumer: Any, tps: Sequence[Any], starts: Mapping[Position, int]
     return ends
 
 
-def _forget_fetched(consumer: Any, deadline: float) -> None:
+def _forget_fetched(consumer: Consumer, deadline: float) -> None:
     """Drop every fetch answer the consumer holds or still awaits.
 
     kafka-python sends the next fetch ahead and keeps its answer; after a re-assign and a seek
@@ -101,7 +103,7 @@ def _forget_fetched(consumer: Any, deadline: float) -> None:
     """
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is None:
-        consumer.forget_fetched()  # the in-memory broker's consumer
+        cast(MemoryConsumer, consumer).forget_fetched()  # the in-memory broker's consumer
         return
     while fetcher.in_flight_fetches():
         if time.monotonic() > deadline:
@@ -115,7 +117,7 @@ def _forget_fetched(consumer: Any, deadline: float) -> None:
 _POLLS_BEFORE_METADATA = 5
 
 
-def _existing(consumer: Any, tps: Sequence[Any]) -> list[Any]:
+def _existing(consumer: Consumer, tps: Sequence[TopicPartition]) -> list[TopicPartition]:
     """The partitions of ``tps`` that the broker's metadata lists now."""
     consumer.topics()  # a fresh metadata request
     return [tp for tp in tps if tp.partition in (consumer.partitions_for_topic(tp.topic) or ())]
@@ -136,22 +138,20 @@ class EndProbe:
         self._options = {"fetch_max_wait_ms": 1, "max_partition_fetch_bytes": 1, **options}
         self._slot = ClientSlot(self._make, kept_as)
 
-    def consumer(self) -> Any:
+    def consumer(self) -> Consumer:
         return self._slot.get()
 
-    def _make(self) -> Any:
+    def _make(self) -> Consumer:
         return make_consumer(self._settings, role=self._role, **self._options)
 
-    def partitions(self, topics: Iterable[str]) -> list[Any]:
+    def partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
         """The partitions of ``topics`` the consumer's metadata lists (none of a topic that
         does not exist)."""
-        from kafka import TopicPartition
-
         consumer = self.consumer()
         return [TopicPartition(topic, p) for topic in topics
                 for p in sorted(consumer.partitions_for_topic(topic) or ())]
 
-    def ends(self, tps: Sequence[Any], starts: Mapping[Position, int] | None = None,
+    def ends(self, tps: Sequence[TopicPartition], starts: Mapping[Position, int] | None = None,
              timeout_s: float = 30.0) -> dict[Position, int]:
         """{(topic, partition): end offset} of ``tps`` (see :func:`fetch_ends`), fetched at
         ``starts`` (default 0). After an error the consumer is dropped: the next question
@@ -196,7 +196,7 @@ def partition_ends(settings: KafkaSettings, topic: str, timeout_s: float = 30.0
     return {partition: end for (_, partition), end in ends.items()}
 
 
-def topic_ids(consumer: Any, topics: Iterable[str]) -> dict[str, str]:
+def topic_ids(consumer: Consumer, topics: Iterable[str]) -> dict[str, str]:
     """The id (KIP-516) of each of ``topics`` as of ``consumer``'s last metadata request. A topic
     deleted and created again has a new id under the same name, and its offsets start over.
     Topics the broker gives no id (Metadata before v10) are left out."""
@@ -206,17 +206,18 @@ def topic_ids(consumer: Any, topics: Iterable[str]) -> dict[str, str]:
     return {topic: str(tid) for topic, tid in found.items() if tid is not None and tid.int}
 
 
-ConsumerFor = Callable[[bool], Any]  # patient? -> the consumer to read with
+ConsumerFor = Callable[[bool], Consumer]  # patient? -> the consumer to read with
 
 
-def _listed(consumer: Any, topic: str, partition: int) -> bool:
+def _listed(consumer: Consumer, topic: str, partition: int) -> bool:
     """Whether the consumer's metadata lists the partition (asked of the broker only when the
     consumer knows nothing of the topic)."""
     return partition in consumer.partitions_for_topic(topic)
 
 
 def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int, end: int,
-               stall_s: float, stop_at_end: bool = False) -> Iterator[Any]:
+               stall_s: float, stop_at_end: bool = False
+               ) -> Iterator[ConsumerRecord | Unreadable]:
     """The records of ``[start, end)`` of one partition in order (ConsumerRecord, or
     :class:`Unreadable` for one kafka-python cannot parse).
 
@@ -232,9 +233,6 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
     with the high watermark of its time. An offset missing after ``stop_at_end`` is no proof
     that the partition lacks it: confirm with a new consumer.
     """
-    from kafka import TopicPartition
-    from kafka.errors import CorruptRecordError, UnsupportedCodecError
-
     tp = TopicPartition(topic, partition)
     consumer = consumer_for(False)
     patient = consumer.config["fetch_max_wait_ms"] >= PATIENT_FETCH_WAIT_MS
@@ -253,7 +251,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             # or one bad record stops every reader. It cannot parse the rest of that record
             # batch either, so those offsets come out unreadable too (with their offsets).
             # Seeking past it makes kafka-python drop the failed fetch (3.0.12 loops over it).
-            bad = consumer.position(tp)
+            bad = _position(consumer, tp)
             yield Unreadable(topic, partition, bad,
                              f"unreadable record ({type(exc).__name__}: {exc})")
             consumer.seek(tp, bad + 1)
@@ -264,7 +262,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             # or nobody's: yielding them would duplicate or invent records.
             if start <= rec.offset < end:
                 yield rec
-        now_at = consumer.position(tp)
+        now_at = _position(consumer, tp)
         if stop_at_end and (hw := consumer.highwater(tp)) is not None and now_at >= hw:
             return
         if stop_at_end and now_at == position and not _listed(consumer, topic, partition):
@@ -280,6 +278,14 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
                 f"{end}) for {stall_s:.0f} s; the broker is down or lost these records")
 
 
+def _position(consumer: Consumer, tp: TopicPartition) -> int:
+    """The consumer's position in ``tp``, which it has: it was sought there, or read on."""
+    position = consumer.position(tp)
+    if position is None:  # kafka-python says None only while an offset reset is pending
+        raise ReadFailed(f"{tp.topic}/{tp.partition}: the consumer has no position")
+    return position
+
+
 class TopicReader:
     """Reads topics from the beginning (or given offsets) to their current end, then on.
 
@@ -292,11 +298,9 @@ class TopicReader:
         self._consumer = make_consumer(settings, **consumer_options)
         self._topics = list(topics)
         self._starts = dict(starts or {})
-        self._tps: list[Any] = []
+        self._tps: list[TopicPartition] = []
 
     def _discover(self) -> None:
-        from kafka import TopicPartition
-
         new = [
             TopicPartition(topic, p)
             for topic in self._topics
@@ -305,7 +309,7 @@ class TopicReader:
         ]
         if not new:
             return
-        positions = {tp: self._consumer.position(tp) for tp in self._tps}
+        positions = {tp: _position(self._consumer, tp) for tp in self._tps}
         self._tps.extend(new)
         self._consumer.assign(self._tps)
         for tp, offset in positions.items():
@@ -313,19 +317,19 @@ class TopicReader:
         for tp in new:
             self._consumer.seek(tp, self._starts.get((tp.topic, tp.partition), 0))
 
-    def read_new(self, timeout_s: float = 10.0) -> list[Any]:
+    def read_new(self, timeout_s: float = 10.0) -> list[ConsumerRecord]:
         """Records added since the last call (all on the first), up to each partition's end,
         or what arrived within ``timeout_s``."""
         self._discover()
-        out: list[Any] = []
-        done: set[Any] = set()
+        out: list[ConsumerRecord] = []
+        done: set[TopicPartition] = set()
         deadline = time.monotonic() + timeout_s
         while len(done) < len(self._tps) and time.monotonic() < deadline:
             for recs in self._consumer.poll(timeout_ms=200).values():
                 out.extend(recs)
             for tp in self._tps:
                 hw = self._consumer.highwater(tp)
-                if hw is not None and self._consumer.position(tp) >= hw:
+                if hw is not None and _position(self._consumer, tp) >= hw:
                     done.add(tp)
         return out
 
@@ -340,7 +344,7 @@ class TopicReader:
 
 
 def read_topic(settings: KafkaSettings, topic: str, timeout_s: float = 10.0,
-               starts: Mapping[int, int] | None = None) -> list[Any]:
+               starts: Mapping[int, int] | None = None) -> list[ConsumerRecord]:
     """Every record of ``topic`` (all partitions) up to its current end, by partition and
     offset; ``starts``: {partition: first offset} (default 0)."""
     positions = {(topic, p): o for p, o in (starts or {}).items()}

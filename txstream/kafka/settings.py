@@ -105,8 +105,15 @@ class KafkaSettings:
                 value = {k: "***" if is_secret(k.replace("_", ".")) else v
                          for k, v in value.items()}
             shown.append(f"{f.name}={value!r}")
-        shown.append(f"client_role={self.client_role!r}")
+        shown.append(f"client_role={self.role!r}")
         return f"KafkaSettings({', '.join(shown)})"
+
+    @property
+    def role(self) -> str | None:
+        """The ``client_role`` the settings were made with (kept by ``__post_init__``: an
+        InitVar, not a field)."""
+        role: str | None = self.__dict__.get("client_role")
+        return role
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any] | None = None, *,
@@ -129,7 +136,7 @@ class KafkaSettings:
         """These settings with ``file`` < ``properties`` < ``fields`` on top."""
         base = {**{_KAFKA_NAMES[k]: v for k, v in asdict(self).items() if k in _KAFKA_NAMES},
                 **self.properties}
-        keep = {"extra": self.extra, "client_role": self.client_role}
+        keep = {"extra": self.extra, "client_role": self.role}
         return self._layered([(base, "")], properties, file, fields, keep)
 
     @classmethod
