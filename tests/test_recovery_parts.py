@@ -23,7 +23,7 @@ from txstream.streaming.cli.coordinator_process import (
 )
 from txstream.streaming.cli.recovery_chart import chart_data, render_html, render_svg, write_chart
 from txstream.streaming.cli.recovery_command import recovery_options
-from txstream.streaming.cli.recovery_crash import Crash
+from txstream.streaming.cli.recovery_crash import Crash, Pause
 from txstream.streaming.cli.recovery_ledger import PLANS, Ledger, LedgerListener
 from txstream.streaming.cli.recovery_story import in_flight_release, replay_said, seen_lines
 from txstream.streaming.cli.recovery_verdict import judge, verdict_lines
@@ -74,6 +74,9 @@ def test_the_verdict_passes_when_each_commit_is_released_once(ledger: Ledger) ->
     lines = verdict_lines(v, "Orders", [])
     assert lines[-1] == "PASS: lost 0, doubled 0, pending 0"
     assert "released 2 of 2 committed: lost 0, doubled 0" in "\n".join(lines)
+    paused = verdict_lines(v, "Orders", [], [Pause(100.0, 104.0, caught_up_at=111.0)])
+    assert re.search(r"^  broker paused \S+ for 4.0 s; caught up 7.0 s after it came back$",
+                     paused[-2])
 
 
 def test_the_verdict_fails_on_a_copy_a_loss_a_visible_rollback_and_a_pending_one(

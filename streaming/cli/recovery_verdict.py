@@ -119,7 +119,9 @@ def verdict_lines(v: Verdict, real_topic: str, crashes: Sequence[Crash],
         lines.append(f"  crash {crash.number} at {clock(crash.at)} (SIGKILL, {crash.processes} "
                      f"processes): {crash.describe()}")
         lines.append(_recovery_line(crash))
-    lines += [f"  broker paused {clock(p.at)} for {p.until - p.at:.1f} s" for p in pauses]
+    lines += [f"  broker paused {clock(p.at)} for {p.until - p.at:.1f} s; caught up "
+              + ("-" if p.caught_up_at is None else f"{p.caught_up_at - p.until:.1f} s")
+              + " after it came back" for p in pauses]
     lines.append("PASS: lost 0, doubled 0, pending 0" if v.ok
                  else "FAIL: " + "; ".join(v.failures()))
     return lines
