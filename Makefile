@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast soak lint demo bench clean
+.PHONY: setup run test test-fast soak lint demo demo-recovery bench clean
 
 setup: $(VENV)/.installed
 
@@ -16,6 +16,10 @@ run: setup
 
 demo: setup
 	$(VENV)/bin/txstream demo
+
+# The coordinator SIGKILLed mid-batch under traffic and restarted: the verdict, and a picture.
+demo-recovery: setup
+	$(VENV)/bin/txstream demo --recovery
 
 # xdist workers, each with its own broker and Spark session (tests/conftest.py). The Spark
 # tests mostly wait on timers and brokers: 3 keep 2 cores busy; the fast tier is all CPU.

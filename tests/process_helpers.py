@@ -1,9 +1,8 @@
 """Coordinator processes for the fault tests: start ``txstream run``, kill it like a crash.
 
-A SIGKILL of the driver alone is not a crash of the job: pyspark's daemons put themselves in a
-process group of their own (``os.setpgid(0, 0)`` in ``pyspark.daemon``), so they and their
-Python workers would live on. :meth:`CoordinatorProcess.kill` takes every descendant first,
-then kills the driver's process group (the JVM is in it) and every descendant with SIGKILL.
+The process tree and the checkpoint's batches are the product's
+(:mod:`txstream.streaming.cli.coordinator_process`, which ``txstream demo --recovery`` uses):
+here a coordinator runs from the repository, as the tests start it.
 """
 
 from __future__ import annotations
@@ -16,62 +15,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from txstream.streaming.cli import coordinator_process
+from txstream.streaming.cli.coordinator_process import (
+    LOCAL_RUN,
+    batch_ids,
+    descendants,
+    in_flight_batch,
+)
+
 __all__ = ["descendants", "CoordinatorProcess", "SHADOWED", "application_directory", "S3Server",
-           "batch_ids", "in_flight_batch", "script_process", "pause"]
+           "batch_ids", "in_flight_batch", "script_process", "pause", "REPO"]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode("ascii", "replace")
-        except OSError:
-            continue  # gone meanwhile
-        # The command name is in parentheses and may hold spaces: the ppid follows the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, grandchildren, ...)."""
-    tree = _children_map()
-    out: list[int] = []
-    todo = list(tree.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(tree.get(child, ()))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def batch_ids(checkpoint: Path, log: str) -> set[int]:
-    """Batch ids in the checkpoint's ``offsets`` (planned) or ``commits`` (done) log."""
-    folder = checkpoint / log
-    if not folder.is_dir():
-        return set()
-    return {int(p.name) for p in folder.iterdir() if p.name.isdigit()}
-
-
-def in_flight_batch(checkpoint: Path) -> int | None:
-    """The batch that is planned but not committed, if one is running now."""
-    planned, done = batch_ids(checkpoint, "offsets"), batch_ids(checkpoint, "commits")
-    pending = planned - done
-    return max(pending) if pending else None
 
 
 # Names an application may well have for modules of its own (decision 0025).
@@ -86,89 +41,12 @@ def application_directory(path: Path) -> Path:
     return path
 
 
-LOCAL_RUN = (sys.executable, "-m", "txstream.streaming.cli", "run", "--conf",
-             "spark.ui.enabled=false")
-
-
-class CoordinatorProcess:
-    """One coordinator process tree (``python -m txstream.streaming.cli run``, or ``command``: a
-    spark-submit of it), its output in ``log_path``; ``cwd`` and ``env`` (added to ours) as a
-    user on another host would have them."""
+class CoordinatorProcess(coordinator_process.CoordinatorProcess):
+    """The product's coordinator process tree, run from the repository unless told otherwise."""
 
     def __init__(self, args: Sequence[str], log_path: Path, command: Sequence[str] = LOCAL_RUN,
                  cwd: Path = REPO, env: dict[str, str] | None = None) -> None:
-        self.args = [*command, *args]
-        self.log_path = log_path
-        self.cwd = cwd
-        self.env = dict(env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started_at = 0.0
-
-    def start(self) -> CoordinatorProcess:
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-               "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
-               **self.env}
-        self.started_at = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: killpg reaches the JVM too
-            )
-        return self
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> int:
-        """SIGKILL the whole tree at once, as a power cut would; returns how many processes."""
-        proc = self.proc
-        assert proc is not None
-        tree = descendants(proc.pid)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [p for p in tree if _alive(p)]
-        assert not left, f"processes survived SIGKILL: {left}"
-        return 1 + len(tree)
-
-    def terminate(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM (a clean stop), then kill whatever is left after ``timeout_s``."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return proc.returncode if proc else None
-        tree = descendants(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-        # What the clean stop left behind (Spark's daemons go once the JVM is gone) must not
-        # outlive the test either.
-        for pid in tree:
-            if _alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        return code
-
-    def output(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        super().__init__(args, log_path, command=command, cwd=cwd, env=env)
 
 
 def script_process(script: Path, args: Sequence[str], log_path: Path,

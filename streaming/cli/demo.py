@@ -37,6 +37,7 @@ from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
 from txstream.streaming.cli.demo_report import HistoryWatch, format_progress, format_summary
 from txstream.streaming.cli.options import add_kafka_arguments, settings_of
+from txstream.streaming.cli.recovery_command import add_recovery_arguments, recovery_command
 from txstream.streaming.cli.signals import interrupt_on_signals, reclaim_sigint
 from txstream.streaming.engine.config import DEFAULT_CHECKPOINT_ROOT, RunConfig, parse_duration_ms
 from txstream.streaming.engine.coordinator import Coordinator
@@ -67,14 +68,17 @@ def add_parser(sub: Any) -> None:
     # --bootstrap-servers: a Kafka instead of an embedded broker (needed by the roles);
     # --topic-prefix: with role all and a Kafka of its own, the demo takes a new prefix.
     add_kafka_arguments(p)
-    p.add_argument("--topic", default="TranTest", help="the example's topic")
-    p.add_argument("--group", default="please_rename_unique_group_name",
-                   help="the example's producer group")
+    p.add_argument("--topic", default=None,
+                   help="the example's topic (TranTest; --recovery: Orders)")
+    p.add_argument("--group", default=None,
+                   help="the example's producer group (please_rename_unique_group_name; "
+                        "--recovery: orders)")
     p.add_argument("--consumer-group", default=None,
                    help="consumer group (default: the example's, with role all a new one)")
     p.add_argument("--checkpoint-dir", default=None,
                    help="role all: coordinator checkpoint (default: a new checkpoints/demo-*, "
-                        "deleted at the end)")
+                        "deleted at the end); --recovery: the demo's folder, its checkpoint "
+                        "in it (default: a new checkpoints/recovery-*, kept)")
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="do not delete the demo's own checkpoint")
     p.add_argument("--transaction-timeout", default="2s")
@@ -82,10 +86,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--check-max", type=int, default=3)
     p.add_argument("--trigger", default="200ms", help="coordinator micro-batch interval")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="give up after this long (default 180 s; role consumer: run until "
-                        "stopped)")
+                   help="give up after this long (default 180 s, --recovery 600 s; role "
+                        "consumer: run until stopped)")
     p.add_argument("--verbose", action="store_true",
                    help="also print the coordinator's line per micro-batch")
+    add_recovery_arguments(p)
     p.set_defaults(func=demo_command)
 
 
@@ -143,6 +148,10 @@ def _producer_line(listener: SeedListener) -> Callable[[str], None]:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    if args.recovery:
+        return recovery_command(args)
+    args.topic = args.topic or "TranTest"
+    args.group = args.group or "please_rename_unique_group_name"
     if args.role == "all":  # the producer and consumer roles are clients only
         require_coordinator("txstream demo")
     # SIGTERM (docker stop) ends the demo as Ctrl-C does.

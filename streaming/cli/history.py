@@ -26,7 +26,7 @@ from txstream.streaming.cli.transaction_trail import (
     trail_of,
 )
 
-__all__ = ["add_parser", "history_command", "print_trail"]
+__all__ = ["add_parser", "history_command", "print_trail", "trail_lines"]
 
 
 def add_parser(sub: Any) -> None:
@@ -38,17 +38,21 @@ def add_parser(sub: Any) -> None:
     h.set_defaults(func=history_command)
 
 
-def print_trail(trail: Trail, txid: str) -> None:
-    print(f"transaction {txid}")
+def trail_lines(trail: Trail, txid: str) -> list[str]:
+    """What ``txstream history TXID`` prints, line by line."""
+    lines = [f"transaction {txid}"]
     start = int(trail.notes[0].get("at") or 0) if trail.notes else 0
     for note in trail.notes:
         at = int(note.get("at") or 0)
-        print(f"  {format_ms(at)}  +{(at - start) / 1000:7.3f}s  {note.get('event', '?'):<15} "
-              f"{describe(note)}")
-    for event in trail.discards:
-        print(f"  {describe_discard(event)}")
-    for event in trail.dead_letters:
-        print(f"  {describe_dead_letter(event)}")
+        lines.append(f"  {format_ms(at)}  +{(at - start) / 1000:7.3f}s  "
+                     f"{note.get('event', '?'):<15} {describe(note)}")
+    lines += [f"  {describe_discard(event)}" for event in trail.discards]
+    lines += [f"  {describe_dead_letter(event)}" for event in trail.dead_letters]
+    return lines
+
+
+def print_trail(trail: Trail, txid: str) -> None:
+    print("\n".join(trail_lines(trail, txid)))
 
 
 def history_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,188 @@
+"""Issue 43: ``txstream demo --recovery`` at a small size.
+
+The demo runs as a newcomer runs it (a subprocess) on the session's broker: it SIGKILLs its
+coordinator in the middle of a micro-batch under traffic, restarts it from the same checkpoint,
+and its verdict passes; the picture's data shows the crash and no release while the coordinator
+was down; nothing it started is left running. Then the same demo with a coordinator whose sink
+does not look for what a crashed run wrote (``replay_check=false``, patched into the
+coordinator's own process before ``txstream run`` starts): the replay writes the crashed
+batch's releases again, and the verdict fails on the copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txstream.kafka import KafkaSettings
+from txstream.streaming.cli import build_parser
+from txstream.streaming.cli.recovery_chart import DATA_FILE, PAGE_FILE
+from txstream.streaming.cli.recovery_command import recovery_command
+
+from kafka_helpers import wait_until
+
+# Each loads both cores with a coordinator under traffic, as the other crash tests do.
+pytestmark = pytest.mark.crash
+
+MARK = "TXSTREAM_TEST_RECOVERY_MARK"
+# Small: a few seconds of traffic before the crash and after the recovery.
+SMALL = ["--rate", "5", "--kill-after", "4", "--down", "1", "--tail", "2", "--timeout", "420"]
+
+
+def _marked(mark: str) -> list[str]:
+    """The live processes carrying ``mark`` in their environment (zombies aside)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"{MARK}={mark}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid}: {cmdline[:200]}")
+        except OSError:
+            continue
+    return found
+
+
+def _own_topics(kafka: KafkaSettings, folder: Path) -> list[str]:
+    tag = uuid.uuid4().hex[:8]
+    return ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", f"r{tag}_",
+            "--topic", f"orders-{tag}", "--checkpoint-dir", str(folder)]
+
+
+def _released_while_down(data: dict[str, Any]) -> tuple[int, int]:
+    """Releases in the whole seconds between the crash and the first release after it, and
+    from that first release on."""
+    marks = {m["kind"]: m["t"] for m in data["marks"]}
+    crash, first = marks["crash"], marks["first_release"]
+    per_second = data["released_per_second"]
+    down = per_second[int(crash) + 1:int(first)]
+    return sum(down), sum(per_second[int(first):])
+
+
+def test_recovery_demo_crashes_mid_batch_and_loses_nothing(
+    kafka: KafkaSettings, tmp_path: Path, record_property: Any
+) -> None:
+    mark, folder = uuid.uuid4().hex, tmp_path / "demo"
+    env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txstream.streaming.cli", "demo", "--recovery", *SMALL,
+         *_own_topics(kafka, folder)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=480)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    took = time.monotonic() - started
+    print(out)
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"\*\*\* CRASH 1: SIGKILL of the coordinator's \d+ processes; batch \d+ "
+                     r"in flight: [1-9]\d* of its releases already on the real topic", out)
+    assert "*** RESTART from the same checkpoint" in out
+    assert re.search(r"\*\*\* first release after the restart: \+[\d.]+ s", out)
+    assert "*** caught up" in out
+    live = re.findall(r"sent \d+ \| committed \d+ \| released \d+ \| rolled back \d+ \| "
+                      r"pending \d+ \| coordinator (\w[\w ]*)$", out, re.M)
+    assert {"running", "DOWN", "recovering", "CAUGHT UP"} <= set(live)
+    assert re.search(r"released (\d+) of \1 committed: lost 0, doubled 0", out)
+    assert re.search(r"^\S+ +pending 0$", out, re.M)
+    assert "PASS: lost 0, doubled 0, pending 0" in out
+    assert re.search(r"the replay found the release by its record id|its 'released' note "
+                     r"written, before the crash", out)
+    # The picture, and the data behind it: the crash marked, nothing released while down.
+    data = json.loads((folder / DATA_FILE).read_text())
+    assert [m["kind"] for m in data["marks"]][:4] == ["crash", "restart", "first_release",
+                                                      "caught_up"]
+    assert [b["kind"] for b in data["bands"]] == ["down", "recovering"]
+    while_down, after = _released_while_down(data)
+    assert while_down == 0 and after > 0
+    page = (folder / PAGE_FILE).read_text()
+    assert '<line class="mark crash"' in page and '<rect class="band down"' in page
+    assert f"the picture: {folder / PAGE_FILE}" in out
+    assert (folder / "checkpoint" / "commits").is_dir()  # the checkpoint stays for the user
+    wait_until(lambda: not _marked(mark), timeout_s=10)
+    times = re.search(r"from the restart to the first release ([\d.]+) s, to caught up "
+                      r"([\d.]+) s", out)
+    assert times
+    record_property("report", f"recovery demo: {took:.0f} s; restart to first release "
+                              f"{times.group(1)} s, to caught up {times.group(2)} s")
+
+
+# ``txstream run`` with the sink's replay check off: the coordinator's process builds its sink
+# options through this, so every task's writer gets replay_check=false.
+BLIND_RUN = (sys.executable, "-c", """
+import dataclasses, sys
+from txstream.streaming.engine import query
+seen = query.SinkOptions
+query.SinkOptions = lambda **kw: dataclasses.replace(seen(**kw), replay_check=False)
+from txstream.streaming.cli import main
+sys.exit(main(sys.argv[1:]))
+""", "run", "--conf", "spark.ui.enabled=false")
+
+
+def test_the_verdict_fails_on_releases_a_replay_wrote_twice(
+    kafka: KafkaSettings, coordinator_processes: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "blind"
+    args = build_parser().parse_args(["demo", "--recovery", *SMALL, *_own_topics(kafka, folder)])
+
+    def blind(run_args: list[str], log: Path) -> Any:
+        return coordinator_processes(run_args, log, command=BLIND_RUN)
+
+    code = recovery_command(args, blind)
+    out = capsys.readouterr().out
+    print(out)
+    crashed = re.search(r"CRASH 1: .* batch \d+ in flight: (\d+) of its releases", out)
+    assert crashed and int(crashed.group(1)) > 0, out[-4000:]
+    doubled = re.search(r"lost 0, doubled (\d+)", out)
+    assert doubled and int(doubled.group(1)) >= int(crashed.group(1)), out[-4000:]
+    assert re.search(r"^\S+ FAIL: .*released twice", out, re.M)
+    assert code == 1
+
+
+def test_ctrl_c_stops_everything_the_recovery_demo_started(tmp_path: Path) -> None:
+    mark, folder = uuid.uuid4().hex, tmp_path / "interrupted"
+    env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
+    env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)  # its own broker, stopped with the rest
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txstream.streaming.cli", "demo", "--recovery",
+         "--checkpoint-dir", str(folder), "--kill-after", "60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "coordinator running:" in line:
+                break
+        # the demo, tansu, the coordinator's tree (its JVM, pyspark's daemon and workers)
+        assert len(_marked(mark)) >= 4, "".join(seen)
+        time.sleep(2)  # the traffic runs
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(seen) + rest
+    assert "interrupted: stopping everything the demo started" in out
+    assert f"its folder stays: {folder}" in out
+    wait_until(lambda: not _marked(mark), timeout_s=10)
+    assert (folder / "checkpoint" / "commits").is_dir()
