@@ -39,7 +39,7 @@ test-fast: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The fault-injection soak (tests/test_soak.py), 10 minutes of faults by default.
 soak: setup
