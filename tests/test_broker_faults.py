@@ -1,4 +1,4 @@
-"""Issue 5, broker trouble: unreachable at start, and restarted under a running coordinator.
+"""Broker trouble: unreachable at start, and restarted under a running coordinator.
 
 The restart test stores the broker's data in S3 (tansu's ``s3://`` storage on a loopback
 ``moto_server``): the memory storage would lose every topic with the broker, and no

@@ -1,4 +1,4 @@
-"""Issue 33: a broker outage under a running ``txstream run``, and its stop, seen from outside:
+"""A broker outage under a running ``txstream run``, and its stop, seen from outside:
 ``/healthz`` says 503 with the reason within 15 s of the broker going away and never 200 once
 the coordinator is asked to stop; a 20 s pause (SIGSTOP of tansu) loses nothing and does not
 stop the coordinator; an outage past ``--broker-outage-limit`` ends it in one line naming the

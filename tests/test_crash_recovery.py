@@ -1,4 +1,4 @@
-"""Issue 5: the coordinator is killed (SIGKILL, whole process tree) and restarted, again and again.
+"""The coordinator is killed (SIGKILL, whole process tree) and restarted, again and again.
 
 A producer of the group sends transactions at a steady rate the whole time, with a mix of
 outcomes: commit, rollback, and unknown-then-check (the local transaction answers UNKNOW, a

@@ -1,4 +1,4 @@
-"""Issue 5, bad input: no Kafka record, however broken, crashes the coordinator's parsing.
+"""Bad input: no Kafka record, however broken, crashes the coordinator's parsing.
 
 Every record of the half and end topics goes through two steps: the source turns it into a row
 (``txstream.sources.event_rows.record_row``: raw key, value, packed headers and the state key), and

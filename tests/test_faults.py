@@ -1,4 +1,4 @@
-"""Issue 5: bad input and crashed producers, against a real coordinator (local Spark, tansu).
+"""Bad input and crashed producers, against a real coordinator (local Spark, tansu).
 
 * Bad input of every kind goes to the dead-letter topic with its reason, the coordinator's
   counters (the keys' tallies, folded by ``MetricsBoard``) count it, the query keeps running, and

@@ -1,4 +1,4 @@
-"""Issue 5, exactly-once release: record ids that a replayed batch repeats, and the sink's
+"""Exactly-once release: record ids that a replayed batch repeats, and the sink's
 search for what a crashed run already wrote (``txstream.sinks.replay``)."""
 
 from __future__ import annotations

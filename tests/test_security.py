@@ -1,4 +1,4 @@
-"""Issue 5, security: the TLS/SASL settings reach every Kafka client txstream builds.
+"""Security: the TLS/SASL settings reach every Kafka client txstream builds.
 
 The session's tansu broker speaks PLAINTEXT only. Every client path is pointed at it with
 SASL_PLAINTEXT/PLAIN: if a path dropped the settings it would connect (PLAINTEXT works there);
