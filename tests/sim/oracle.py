@@ -244,18 +244,27 @@ def _id_lives(notes: list[dict[str, Any]], policy: Any, fresh_at: list[float],
     ended_at: int | None = None
     for note in notes:
         at = int(note["at"])
-        if note.get("event") == "half" and ended_at is not None:
-            recovered = [t for t in fresh_at if t <= at]
-            remembered = max([ended_at, *(t for t in recovered if t > ended_at)])
-            boundary = max([ended_at, *recovered])
-            if at >= remembered + policy.reserved_time and any(
-                    boundary < written <= at for written, _, _ in copies):
-                lives.append([])
-                ended_at = None
+        if note.get("event") == "half" and ended_at is not None and _registered_again(
+                at, ended_at, policy, fresh_at, copies):
+            lives.append([])
+            ended_at = None
         lives[-1].append(note)
         if note.get("event") in _ENDINGS:
             ended_at = at
     return lives
+
+
+def _registered_again(at: int, ended_at: int, policy: Any, fresh_at: list[float],
+                      copies: list[tuple[int, int, int]]) -> bool:
+    """Whether an id whose outcome came at ``ended_at`` starts a new transaction at ``at``:
+    its outcome forgotten by then (the reserved time after it ended, or after the last
+    recovery since, which remembered it again) and a copy of its half message written after
+    the last of those boundaries."""
+    recovered = [t for t in fresh_at if t <= at]
+    remembered = max([ended_at, *(t for t in recovered if t > ended_at)])
+    boundary = max([ended_at, *recovered])
+    return at >= remembered + policy.reserved_time and any(
+        boundary < written <= at for written, _, _ in copies)
 
 
 def _unnoted_lives(records: list[Any], notes: list[dict[str, Any]], policy: Any,
@@ -272,12 +281,7 @@ def _unnoted_lives(records: list[Any], notes: list[dict[str, Any]], policy: Any,
         before = [t for t in ends if t < at]
         if at in noted or not before:
             continue
-        recovered = [t for t in fresh_at if t <= at]
-        ended = max(before)
-        remembered = max([ended, *(t for t in recovered if t > ended)])
-        boundary = max([ended, *recovered])
-        if at >= remembered + policy.reserved_time and any(
-                boundary < written <= at for written, _, _ in copies):
+        if _registered_again(at, max(before), policy, fresh_at, copies):
             lives += 1
     return lives
 
