@@ -24,7 +24,7 @@ from txstream.streaming.cli.coordinator_process import (
 )
 
 __all__ = ["descendants", "CoordinatorProcess", "SHADOWED", "application_directory", "S3Server",
-           "batch_ids", "in_flight_batch", "script_process", "pause", "REPO"]
+           "batch_ids", "in_flight_batch", "script_process", "pause", "REPO", "marked_processes"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -115,3 +115,24 @@ class S3Server:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+def marked_processes(variable: str, mark: str) -> list[str]:
+    """``pid: command line`` of the live processes whose environment has ``variable=mark``
+    (a zombie has exited; its parent just did not reap it yet): what a test started and
+    must have stopped."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"{variable}={mark}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid}: {cmdline[:200]}")
+        except OSError:
+            continue
+    return found

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from kafka_helpers import wait_until
+from process_helpers import marked_processes
 
 pytestmark = pytest.mark.spark
 
@@ -29,22 +30,7 @@ MARK = "TXSTREAM_TEST_DEMO_MARK"
 
 
 def _marked(mark: str) -> list[str]:
-    """Command lines of the live processes carrying ``mark`` in their environment."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"{MARK}={mark}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue  # a zombie has exited; its parent just did not reap it yet
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{pid}: {cmdline[:200]}")
-        except OSError:
-            continue
-    return found
+    return marked_processes(MARK, mark)
 
 
 def _demo(*args: str, mark: str) -> subprocess.Popen[str]:

@@ -31,6 +31,7 @@ from txstream.streaming.cli.recovery_chart import DATA_FILE, PAGE_FILE
 from txstream.streaming.cli.recovery_command import recovery_command
 
 from kafka_helpers import wait_until
+from process_helpers import marked_processes
 
 # Spark in a subprocess, so no fixture marks it; not in the crash group, whose one worker
 # would run these after the three-crash test instead of beside it (CI's time).
@@ -42,22 +43,7 @@ SMALL = ["--rate", "5", "--kill-after", "4", "--down", "1", "--tail", "2", "--ti
 
 
 def _marked(mark: str) -> list[str]:
-    """The live processes carrying ``mark`` in their environment (zombies aside)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"{MARK}={mark}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{pid}: {cmdline[:200]}")
-        except OSError:
-            continue
-    return found
+    return marked_processes(MARK, mark)
 
 
 def _own_topics(kafka: KafkaSettings, folder: Path) -> list[str]:
