@@ -384,11 +384,13 @@ def unknowable(world: Any, truth: Any, seen: Observed, fresh_at: list[float]) ->
 
 def _half_gone(world: Any, truth: Any) -> bool:
     """Whether none of the transaction's half records is in the half topic any more."""
-    for _, partition, offset in truth.halves:
-        rec = world.record_at(world.topics.half, partition, offset)
-        if rec is not None and rec.key == truth.txid.encode():
-            return False
-    return True
+    return not any(_holds(world.record_at(world.topics.half, partition, offset), truth.txid)
+                   for _, partition, offset in truth.halves)
+
+
+def _holds(rec: Any, txid: str) -> bool:
+    """Whether ``rec`` (None: no record there) is a half record of ``txid``."""
+    return rec is not None and rec.key == txid.encode()
 
 
 def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, int],
@@ -426,12 +428,14 @@ def check_end(world: Any, ledger: Ledger, seen: Observed, delivered: dict[str, i
 def _check_lost_sent_again(world: Any, truth: Any, notes: list[dict[str, Any]],
                            policy: Any) -> None:
     """A lost release's half message sent again while the loss is remembered (the reserved
-    time) is released, whatever checkpoint reads it (docs/semantics.md)."""
+    time) is released, whatever checkpoint reads it (docs/semantics.md); unless that copy is
+    gone from the half topic (deleted, or its topic created again: another record may stand
+    at its offset)."""
     for lost in (n for n in notes if n.get("event") == "release_lost"):
         at = int(lost["at"])
         copies = [(w, p, o) for w, p, o in truth.halves
                   if at < w < at + policy.reserved_time - world.slack_ms
-                  and world.record_at(world.topics.half, p, o) is not None]
+                  and _holds(world.record_at(world.topics.half, p, o), truth.txid)]
         if copies and not any(n.get("event") == "released" and int(n["at"]) > at
                               for n in notes):
             _fail(1, truth.txid, f"its release was lost at {at}; its half message sent again "
