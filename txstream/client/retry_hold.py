@@ -85,11 +85,17 @@ class HeldRetries:
             self._held.pop(tp, None)
         self._prune()
 
+    def _live(self, due: int, tp: TopicPartition, offset: int) -> bool:
+        """Whether a heap entry still stands for a record held: a record let go and held
+        again at the same offset has a new entry, and the old one says nothing."""
+        held = self._held.get(tp, {}).get(offset)
+        return held is not None and held[0] == due
+
     def _prune(self) -> None:
         """Drop heap entries of records no longer held: from the top, and all of them once
         they outnumber the records held, so the heap stays bounded as the records are."""
-        while self._heap and not self.holds(self._heap[0][1], self._heap[0][2]):
+        while self._heap and not self._live(*self._heap[0]):
             heapq.heappop(self._heap)
         if len(self._heap) > 2 * sum(len(h) for h in self._held.values()) + 16:
-            self._heap = [e for e in self._heap if self.holds(e[1], e[2])]
+            self._heap = [e for e in self._heap if self._live(*e)]
             heapq.heapify(self._heap)
