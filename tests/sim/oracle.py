@@ -37,7 +37,8 @@ from txstream.wire import H
 from sim.actors import Ledger
 
 __all__ = ["Violation", "Observed", "Observer", "observe", "check_step", "check_end",
-           "check_metrics", "check_dead_letters", "check_requests_answered", "unknowable"]
+           "check_metrics", "check_dead_letters", "check_requests_answered", "lost_copy_owed",
+           "unknowable"]
 
 COMMIT = Decision.COMMIT_MESSAGE
 _ENDINGS = ("released", "rolled_back", "discarded", "release_lost")
@@ -431,15 +432,25 @@ def _check_lost_sent_again(world: Any, truth: Any, notes: list[dict[str, Any]],
     time) is released, whatever checkpoint reads it (docs/semantics.md); unless that copy is
     gone from the half topic (deleted, or its topic created again: another record may stand
     at its offset)."""
+    owed = lost_copy_owed(world, truth, notes, policy)
+    if owed is not None:
+        _fail(1, truth.txid, f"its release was lost at {owed[0]}; its half message sent again "
+                             f"at {owed[1]} was never released")
+
+
+def lost_copy_owed(world: Any, truth: Any, notes: list[dict[str, Any]], policy: Any
+                   ) -> tuple[int, int] | None:
+    """(when the release was lost, when its copy was sent again) of a lost release whose
+    half message sent again is still owed its release; None when nothing is owed."""
     for lost in (n for n in notes if n.get("event") == "release_lost"):
         at = int(lost["at"])
-        copies = [(w, p, o) for w, p, o in truth.halves
+        copies = [w for w, p, o in truth.halves
                   if at < w < at + policy.reserved_time - world.slack_ms
                   and _holds(world.record_at(world.topics.half, p, o), truth.txid)]
         if copies and not any(n.get("event") == "released" and int(n["at"]) > at
                               for n in notes):
-            _fail(1, truth.txid, f"its release was lost at {at}; its half message sent again "
-                                 f"at {copies[0][0]} was never released")
+            return at, copies[0]
+    return None
 
 
 def _check_timely(world: Any, truth: Any, seen: Observed, ended: dict[str, Any], policy: Any,

@@ -40,6 +40,7 @@ from sim.oracle import (
     check_metrics,
     check_requests_answered,
     check_step,
+    lost_copy_owed,
     unknowable,
 )
 from sim.spark import SimCrash, SparkModel
@@ -535,8 +536,12 @@ class Simulation:
         if self.producers.later:
             return False  # a send still due (a late copy, an end event) may start a life
         seen = self.observer.update()
-        return all(seen.ended(txid) is not None
-                   or unknowable(self.world, truth, seen, self.fresh_at)
+        policy = self.sc.policy
+        return all((seen.ended(txid) is not None
+                    or unknowable(self.world, truth, seen, self.fresh_at))
+                   # a lost release's copy sent again is owed its release (a new partition
+                   # of a re-created half topic is found within a listing's refresh)
+                   and lost_copy_owed(self.world, truth, seen.notes.get(txid, []), policy) is None
                    for txid, truth in self.producers.ledger.tx.items() if truth.halves)
 
 
