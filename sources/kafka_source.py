@@ -230,10 +230,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = self._topic_partitions()
         tick = {"at": 0, "known": 1} if self.options.timer_file else None
         ends = records_of(self._high_watermarks({}))
-        used = any(hw > 0 for ps in ends.values() for hw in ps.values())
         half_ends = {int(p): hw for p, hw in ends.get(self.options.half_topic, {}).items()}
-        journal = (self._recovery("a new checkpoint over half and end topics that hold records",
-                                  half_ends) if used else None)
+        # Whatever the half and end topics hold: emptied (retention, a topic created again),
+        # an end event still to come must meet the outcome the history remembers.
+        journal = self._recovery("a new checkpoint over a history topic that holds records",
+                                 half_ends)
         return canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
                          self.options.topics, tick, 0, journal.entry() if journal else None,
                          self._ids)

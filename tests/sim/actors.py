@@ -149,14 +149,27 @@ class Producers:
     def _resend_lost(self) -> None:
         if self.world.broker_down:
             return
-        for records in self.world.read_new(self.topics.dead_letter, self._dead_letters).values():
+        for truth in self._lost_releases(self._dead_letters):
+            half = self._halves[truth.txid]
+            self._at(self.world.now + self.resend_lost_after,
+                     lambda t=truth, h=half: self._copy(t, h))
+
+    def _lost_releases(self, positions: dict[tuple[str, int], int]) -> list[TxTruth]:
+        """The committed transactions whose release a dead letter after ``positions`` (moved
+        on) says was lost."""
+        lost = []
+        for records in self.world.read_new(self.topics.dead_letter, positions).values():
             for rec in records:
                 code = dict(rec.headers).get(H.DLQ_CODE)
                 truth = self.ledger.tx.get(bytes(rec.key or b"").decode("utf-8", "replace"))
                 if code == b"HALF_MESSAGE_LOST" and truth is not None and truth.decision:
-                    half = self._halves[truth.txid]
-                    self._at(self.world.now + self.resend_lost_after,
-                             lambda t=truth, h=half: self._copy(t, h))
+                    lost.append(truth)
+        return lost
+
+    def resend_coming(self) -> bool:
+        """Whether a lost release's copy will be sent: its dead letter is not read yet."""
+        return bool(self.resend_lost_after) and bool(
+            self._lost_releases(dict(self._dead_letters)))
 
     def _send(self, plan: TxPlan) -> None:
         txid = self._txid()
