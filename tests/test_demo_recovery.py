@@ -39,7 +39,10 @@ pytestmark = pytest.mark.spark
 
 MARK = "TXSTREAM_TEST_RECOVERY_MARK"
 # Small: a few seconds of traffic before the crash and after the recovery.
-SMALL = ["--rate", "5", "--kill-after", "4", "--down", "1", "--tail", "2", "--timeout", "420"]
+# The demo's own limit covers two Spark starts and a catch-up: minutes on a loaded CI machine.
+DEMO_LIMIT_S = 660
+SMALL = ["--rate", "5", "--kill-after", "4", "--down", "1", "--tail", "2",
+         "--timeout", str(DEMO_LIMIT_S)]
 
 
 def _marked(mark: str) -> list[str]:
@@ -62,6 +65,7 @@ def _released_while_down(data: dict[str, Any]) -> tuple[int, int]:
     return sum(down), sum(per_second[int(first):])
 
 
+@pytest.mark.timeout(DEMO_LIMIT_S + 120)
 def test_recovery_demo_crashes_mid_batch_and_loses_nothing(
     kafka: KafkaSettings, tmp_path: Path, record_property: Any
 ) -> None:
@@ -73,7 +77,7 @@ def test_recovery_demo_crashes_mid_batch_and_loses_nothing(
          *_own_topics(kafka, folder)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        out, _ = proc.communicate(timeout=480)
+        out, _ = proc.communicate(timeout=DEMO_LIMIT_S + 60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -124,6 +128,7 @@ sys.exit(main(sys.argv[1:]))
 """, "run", "--conf", "spark.ui.enabled=false")
 
 
+@pytest.mark.timeout(DEMO_LIMIT_S + 120)
 def test_the_verdict_fails_on_releases_a_replay_wrote_twice(
     kafka: KafkaSettings, coordinator_processes: Any, tmp_path: Path,
     capsys: pytest.CaptureFixture[str]
