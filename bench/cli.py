@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from bench.report import PHASES
+from bench.report import ALL_PHASES, PHASES
 from txstream.streaming.cli.options import add_run_arguments, config_from_args
 from txstream.streaming.cli.signals import interrupt_on_signals
 
@@ -39,8 +39,8 @@ def _stores(text: str) -> tuple[str, ...]:
 
 def _phases(text: str) -> tuple[str, ...]:
     phases = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not phases or not set(phases) <= set(PHASES):
-        raise argparse.ArgumentTypeError(f"phases are {', '.join(PHASES)} (any of them)")
+    if not phases or not set(phases) <= set(ALL_PHASES):
+        raise argparse.ArgumentTypeError(f"phases are {', '.join(ALL_PHASES)} (any of them)")
     return phases
 
 
@@ -68,8 +68,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--point-timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="give up on a pending point after this long (default 3600)")
     p.add_argument("--phases", type=_phases, default=PHASES,
-                   help=f"which phases to run (default {','.join(PHASES)}); the fields of a "
-                        "skipped phase are null")
+                   help=f"which phases to run (default {','.join(PHASES)}; also: recovery, "
+                        "a coordinator's cold start and restarts); the fields of a skipped "
+                        "phase are null")
+    p.add_argument("--recovery-restarts", type=int, default=3, metavar="N",
+                   help="SIGKILLs and restarts of the recovery phase (3; the median is given)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_run_arguments(p)
     p.set_defaults(func=bench_command)
@@ -93,6 +96,7 @@ def bench_command(args: argparse.Namespace) -> int:
         isolate=not args.in_process,
         phases=args.phases,
         point_timeout_s=args.point_timeout,
+        recovery_restarts=args.recovery_restarts,
     )
     # SIGTERM unwinds like Ctrl-C: the broker, the queries and the point processes are stopped.
     with interrupt_on_signals():

@@ -6,10 +6,15 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES"]
+__all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHASES",
+           "ALL_PHASES"]
 
 # What ``txstream bench`` can run, in the order it runs them.
 PHASES = ("pipe", "coordinator", "ceiling", "floor", "pending")
+# On request only (--phases recovery): it starts and SIGKILLs coordinators of its own.
+ALL_PHASES = (*PHASES, "recovery")
+# Issue 41's recovery targets, on a fast VM (a spin of 1.3 s): scaled by the run's spin.
+FAST_SPIN_S = 1.3
 
 # The targets (PERFORMANCE.md): the coordinator against its own ceiling, as ratios that hold
 # on any machine; latencies on a quiet machine at half the sustained rate; memory per pending.
@@ -20,6 +25,8 @@ TARGETS = {
     "check_lateness_p99_ms_max": 1000,
     "pending_growth_max": 0.20,
     "bytes_per_pending_max": 200,
+    "restart_to_visible_s_max": 10,
+    "cold_start_s_max": 20,
 }
 
 
@@ -87,6 +94,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         "check_lateness p99 <= 1 s": check(
             late["p99"], (late["p99"] or 0) <= t["check_lateness_p99_ms_max"]),
     }
+    out.update(_recovery_targets(result.get("recovery")))
     for store in sorted({p["state_store"] for p in points}):
         g = _growth(points, store)
         out[f"batch time growth, most vs least pending ({store}) <= 20%"] = check(
@@ -101,6 +109,22 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         out[f"process growth (RSS) per pending transaction ({store}), for information"] = {
             "value": rss, "met": None}
     return out
+
+
+def _recovery_targets(rec: dict[str, Any] | None) -> dict[str, Any]:
+    """Restart -> the commits made while down visible, median, and cold start -> first release:
+    as measured, scaled to a fast VM's spin."""
+    if not rec:
+        return {}
+    scale = FAST_SPIN_S / max(rec["spin_before_s"], rec["spin_after_s"], FAST_SPIN_S)
+    restart = round(rec["restart_to_visible_median_s"] * scale, 1)
+    cold = round(rec["cold_start_s"] * scale, 1)
+    return {
+        "recovery: restart -> visible, median, at a 1.3-s spin <= 10 s": {
+            "value": restart, "met": restart <= TARGETS["restart_to_visible_s_max"]},
+        "recovery: cold start -> first release, at a 1.3-s spin <= 20 s": {
+            "value": cold, "met": cold <= TARGETS["cold_start_s_max"]},
+    }
 
 
 def _ms(value: float | None) -> str:
@@ -196,6 +220,14 @@ def format_table(r: dict[str, Any]) -> str:
             f"{p['load_seconds']:>6.0f} s "
             f"{_num(p.get('steal_pct'), '.0f'):>4} %")
     lines += _fixed_cost_lines(r.get("fixed_cost"))
+    rec = r.get("recovery")
+    if rec:
+        lines += ["", f"recovery (spin {rec['spin_before_s']:.2f} s before, "
+                      f"{rec['spin_after_s']:.2f} s after)",
+                  f"  {'cold start -> first release':<34} {rec['cold_start_s']:>8.1f} s",
+                  f"  {'restart -> commits made while down':<34} "
+                  f"{rec['restart_to_visible_median_s']:>8.1f} s median of "
+                  + ", ".join(f"{t:.1f}" for t in rec["restart_to_visible_s"])]
     lines += ["", "targets"]
     for name, t in r["targets"].items():
         mark = ("" if "for information" in name

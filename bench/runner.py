@@ -22,7 +22,8 @@ from bench.floor import batch_cost, measure_floor, rows_per_batch
 from bench.harness import Harness
 from bench.pending_scale import PointResult, run_point, run_point_isolated
 from bench.raw_pipe import PipeResult, run_raw_pipe
-from bench.report import PHASES, load_average, machine, targets
+from bench.recovery import measure_recovery
+from bench.report import ALL_PHASES, PHASES, load_average, machine, targets
 from bench.workload import BulkProducer, Workload, create_topics
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, partition_ends, wait_for_broker
@@ -49,6 +50,7 @@ class BenchOptions:
     isolate: bool = True
     point_timeout_s: float = 3600.0
     phases: tuple[str, ...] = PHASES
+    recovery_restarts: int = 3
 
 
 def fresh_workload(tag: str) -> Workload:
@@ -96,7 +98,8 @@ def _empty() -> dict[str, Any]:
             "throughput": None, "offered_tx_per_s": None, "commit_to_visible_ms": dict(none),
             "check_lateness_ms": dict(none), "coordinator_late_ms": dict(none),
             "latency": None, "batch_ms_vs_pending": [], "floor": None, "fixed_cost": None,
-            "fair": None, "coordinator_to_ceiling": None, "coordinator_to_ceiling_cpu": None}
+            "fair": None, "coordinator_to_ceiling": None, "coordinator_to_ceiling_cpu": None,
+            "recovery": None}
 
 
 def run_bench(config: RunConfig, options: BenchOptions,
@@ -121,9 +124,10 @@ def run_bench(config: RunConfig, options: BenchOptions,
             "ceiling": lambda: _ceiling(config, options, result, meter, say),
             "floor": lambda: _floor(config, options, result, meter, say),
             "pending": lambda: _pending(config, options, result, say),
+            "recovery": lambda: _recovery(config, options, result, say),
         }
         fair = {"coordinator", "ceiling"} <= set(options.phases)
-        for phase in PHASES:
+        for phase in ALL_PHASES:
             if phase in options.phases:
                 if fair and phase == "coordinator":
                     _warm_up(config, options, meter, say)
@@ -167,6 +171,13 @@ def _pipe(config: RunConfig, options: BenchOptions, result: dict[str, Any], mete
     result["raw_pipe_tx_per_s"] = best.tx_per_s
     result["cpu"]["pipe"] = meter.use(best.started_ms, best.started_ms + best.seconds * 1000,
                                       best.transactions)
+
+
+def _recovery(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+              say: Callable[[str], None]) -> None:
+    say(f"recovery: a cold start, then {options.recovery_restarts} SIGKILLs and restarts")
+    result["recovery"] = measure_recovery(config.kafka, options.recovery_restarts,
+                                          config.topic_partitions, say).as_dict()
 
 
 def _pending(config: RunConfig, options: BenchOptions, result: dict[str, Any],

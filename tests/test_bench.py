@@ -22,11 +22,11 @@ POINT_FIELDS = ("pending", "state_store", "busy_batch_ms_p50", "rss_mb", "state_
                 "cpu_ms_per_busy_batch", "load_seconds", "steal_pct", "live_heap_mb")
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+def _bench(*args: str, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("TXSTREAM_BOOTSTRAP_SERVERS", None)
     return subprocess.run([sys.executable, "-m", "txstream.streaming.cli", "bench", *args], env=env,
-                          capture_output=True, text=True, timeout=280)
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 def test_bench_runs_every_phase_and_prints_every_field() -> None:
@@ -98,3 +98,18 @@ def test_bench_prints_a_table_of_the_phases_it_ran() -> None:
         assert name in out
     assert "not measured" in out  # the coordinator phases were skipped, and it says so
 
+
+@pytest.mark.timeout(900)  # two coordinator starts, minutes each on a loaded machine
+def test_the_recovery_phase_times_a_cold_start_and_a_restart() -> None:
+    proc = _bench("--phases", "recovery", "--recovery-restarts", "1", "--json",
+                  timeout_s=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rec = result["recovery"]
+    assert rec["cold_start_s"] > 0 and len(rec["restart_to_visible_s"]) == 1
+    assert rec["restart_to_visible_median_s"] == rec["restart_to_visible_s"][0] > 0
+    assert rec["spin_before_s"] > 0 and rec["spin_after_s"] > 0
+    assert {"recovery: restart -> visible, median, at a 1.3-s spin <= 10 s",
+            "recovery: cold start -> first release, at a 1.3-s spin <= 20 s"} <= set(
+        result["targets"])
+    assert "recovery: restart 1 to 5 commits visible" in proc.stderr

@@ -18,7 +18,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from txstream.streaming.cli.recovery_chart import DATA_FILE, PAGE_FILE
 from txstream.streaming.cli.recovery_command import recovery_command
 
 from kafka_helpers import wait_until
+from ports import reserve_port
 from process_helpers import marked_processes
 
 # Spark in a subprocess, so no fixture marks it; not in the crash group, whose one worker
@@ -69,13 +72,15 @@ def _released_while_down(data: dict[str, Any]) -> tuple[int, int]:
 def test_recovery_demo_crashes_mid_batch_and_loses_nothing(
     kafka: KafkaSettings, tmp_path: Path, record_property: Any
 ) -> None:
-    mark, folder = uuid.uuid4().hex, tmp_path / "demo"
+    mark, folder, port = uuid.uuid4().hex, tmp_path / "demo", reserve_port()
     env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "txstream.streaming.cli", "demo", "--recovery", *SMALL,
-         *_own_topics(kafka, folder)],
+         *_own_topics(kafka, folder), "--ui", "--ui-port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    charts: list[str] = []  # the console's chart page, as the run went on
+    threading.Thread(target=_watch_chart, args=(proc, port, charts), daemon=True).start()
     try:
         out, _ = proc.communicate(timeout=DEMO_LIMIT_S + 60)
     finally:
@@ -108,12 +113,26 @@ def test_recovery_demo_crashes_mid_batch_and_loses_nothing(
     assert '<line class="mark crash"' in page and '<rect class="band down"' in page
     assert f"the picture: {folder / PAGE_FILE}" in out
     assert (folder / "checkpoint" / "commits").is_dir()  # the checkpoint stays for the user
+    # --ui: the console served this run's chart while it ran, the crash marked once it came.
+    assert f"this run's chart: http://127.0.0.1:{port}/recovery" in out
+    assert any('class="mark crash"' in chart for chart in charts), len(charts)
     wait_until(lambda: not _marked(mark), timeout_s=10)
     times = re.search(r"from the restart to the first release ([\d.]+) s, to caught up "
                       r"([\d.]+) s", out)
     assert times
     record_property("report", f"recovery demo: {took:.0f} s; restart to first release "
                               f"{times.group(1)} s, to caught up {times.group(2)} s")
+
+
+def _watch_chart(proc: subprocess.Popen[str], port: int, charts: list[str]) -> None:
+    """Fetch the console's chart page every 2 s while the demo runs."""
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/recovery", timeout=5) as r:
+                charts.append(r.read().decode())
+        except OSError:
+            pass  # not up yet, or gone
+        time.sleep(2)
 
 
 # ``txstream run`` with the sink's replay check off: the coordinator's process builds its sink

@@ -4,8 +4,11 @@ killed whole, the checkpoint's batch in flight, the flags."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +24,7 @@ from txstream.streaming.cli.coordinator_process import (
     descendants,
     in_flight_batch,
 )
+from txstream.streaming.cli.demo_recovery import RecoveryDemo, RecoveryOptions
 from txstream.streaming.cli.recovery_chart import chart_data, render_html, render_svg, write_chart
 from txstream.streaming.cli.recovery_command import recovery_options
 from txstream.streaming.cli.recovery_crash import Crash, Pause
@@ -219,3 +223,26 @@ def test_the_story_quotes_what_the_restarted_sink_said_of_the_replay() -> None:
     assert replay_said(log, 12) == ("batch 12 was a replay: 9 records its first run had "
                                     "written were not written again")
     assert replay_said(log, 7) is None and replay_said("", None) is None
+
+
+def test_enter_on_a_terminal_brings_the_fault_now(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    reading, writing = os.pipe()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.FileIO(reading, "r")))
+    demo = RecoveryDemo(RecoveryOptions(folder=tmp_path, kill_after=120.0, key_press=True))
+    threading.Thread(target=demo._read_keys, daemon=True).start()
+    waited: list[float] = []
+
+    def moment() -> None:
+        started = time.monotonic()
+        demo._moment("kill")
+        waited.append(time.monotonic() - started)
+
+    waiting = threading.Thread(target=moment)
+    waiting.start()
+    time.sleep(0.5)
+    assert not waited  # the moment is 120 s away: nothing yet
+    os.write(writing, b"\n")
+    waiting.join(timeout=10)
+    assert waited and waited[0] < 10, waited  # Enter brought it, not the 120 s
+    os.close(writing)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from txstream.broker import EmbeddedBroker
 from txstream.errors import TxStreamError
@@ -35,8 +36,9 @@ from txstream.streaming.cli.recovery_ledger import Ledger
 from txstream.streaming.cli.recovery_live import Live, say
 from txstream.streaming.cli.recovery_story import story_lines
 from txstream.streaming.cli.recovery_traffic import ReleaseConsumer, Traffic
+from txstream.streaming.cli.recovery_ui import RECOVERY_PATH, chart_page, start_console
 from txstream.streaming.cli.recovery_verdict import judge, verdict_lines
-from txstream.streaming.cli.recovery_watch import TopicWatch
+from txstream.streaming.cli.recovery_watch import Release, TopicWatch
 from txstream.topics import Topics
 
 __all__ = ["RecoveryOptions", "RecoveryDemo", "Launch", "DemoFailed", "local_launch"]
@@ -73,6 +75,7 @@ class RecoveryOptions:
                                "--trigger", "200ms")
     timeout_s: float = 600.0
     key_press: bool = False
+    ui_port: int | None = None  # the console's port (--ui); None: no console
 
     @property
     def checkpoint(self) -> Path:
@@ -92,6 +95,8 @@ class RecoveryDemo:
         self.pauses: list[Pause] = []
         self.deadline = time.monotonic() + options.timeout_s
         self._enter = threading.Event()
+        self._chart: Callable[[], dict[str, Any]] | None = None  # the run's chart so far
+        self._final: dict[str, Any] | None = None
 
     # --- start --------------------------------------------------------------------------------
 
@@ -163,18 +168,43 @@ class RecoveryDemo:
         watch = TopicWatch(settings, o.topics, o.topic).start()
         stack.callback(watch.close)
         live = Live(ledger, watch)
+        shown_from = [time.time()]  # the chart's start: the traffic's, once it began
+        self._chart = lambda: self._chart_data(shown_from[0], ledger, watch, [])
+        if o.ui_port is not None:
+            self._console(stack, settings)
         if not self._wait(lambda: bool(batch_ids(o.checkpoint, "commits")), "the coordinator"):
             return 1
         live.state = "running"
         say(f"coordinator running: {o.producers} producers of group {o.group} send {o.rate:g} "
             f"transactions a second to {o.topic} (commits, rollbacks, and UNKNOW answers "
             "settled by back-checks); a consumer reads it")
-        began = time.time()
+        began = shown_from[0] = time.time()
         traffic.begin()
         stack.enter_context(live.printing())
         self._faults(settings, ledger, watch, live)
         self._drain(traffic, ledger, watch, consumer, live)
         return self._finish(settings, ledger, watch, consumer, began, live)
+
+    def _console(self, stack: ExitStack, settings: KafkaSettings) -> None:
+        assert self.o.ui_port is not None and self._chart is not None
+        chart = self._chart
+        server = start_console(self.o.folder, settings, self.o.topics, self.o.ui_port,
+                               lambda: chart_page(self._final or chart(), bool(self._final)))
+        stack.callback(server.close)
+        if self.o.key_press:  # on a terminal: the chart stays up once the run is over
+            stack.callback(self._hold_console)
+        say(f"the console: {server.url}/ (this run's chart: {server.url}{RECOVERY_PATH})")
+
+    def _hold_console(self) -> None:
+        say("the console stays up with the final chart: press Enter to stop it")
+        self._enter.clear()
+        self._enter.wait()
+
+    def _chart_data(self, began: float, ledger: Ledger, watch: TopicWatch,
+                    verdict: list[str]) -> dict[str, Any]:
+        return chart_data(started=began, ended=time.time(), releases=_ours(ledger, watch),
+                          commits=ledger.commit_times(), crashes=self.crashes,
+                          pauses=self.pauses, verdict=verdict)
 
     def _moment(self, fault: str) -> None:
         """Wait ``--kill-after`` seconds, or for Enter."""
@@ -279,8 +309,7 @@ class RecoveryDemo:
         lines = verdict_lines(verdict, self.o.topic, self.crashes, self.pauses)
         for line in lines:
             say(line)
-        ours = ledger.sent() | ledger.doubtful()
-        releases = [r for r in watch.releases() if r.txid in ours]
+        releases = _ours(ledger, watch)
         if self.crashes:
             crash = self.crashes[0]
             noted = {r.txid: watch.noted_at(r.txid) for r in crash.releases}
@@ -289,8 +318,12 @@ class RecoveryDemo:
             for line in story_lines(settings, self.o.topics, crash, self.o.topic, noted,
                                     releases, received, log):
                 say(line)
-        data = chart_data(started=began, ended=time.time(), releases=releases,
-                          commits=ledger.commit_times(), crashes=self.crashes,
-                          pauses=self.pauses, verdict=lines)
+        data = self._final = self._chart_data(began, ledger, watch, lines)
         say(f"the picture: {write_chart(self.o.folder, data)}")
         return 0 if verdict.ok else 1
+
+
+def _ours(ledger: Ledger, watch: TopicWatch) -> list[Release]:
+    """The real topic's records of this run's transactions (another writer's are not)."""
+    ours = ledger.sent() | ledger.doubtful()
+    return [r for r in watch.releases() if r.txid in ours]

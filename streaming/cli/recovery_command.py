@@ -51,6 +51,10 @@ def add_recovery_arguments(p: argparse.ArgumentParser) -> None:
                    help="traffic after the last recovery (8)")
     g.add_argument("--producers", type=int, default=2, help="producers of the group (2)")
     g.add_argument("--seed", type=int, default=43, help="the traffic's mix (43)")
+    g.add_argument("--ui", action="store_true",
+                   help="also serve the console, with this run's chart at /recovery")
+    g.add_argument("--ui-port", type=int, default=8080, metavar="PORT",
+                   help="the console's loopback port with --ui (8080; 0: a free one)")
     g.add_argument("--kafka", action="store_true",
                    help="run on Apache Kafka (1 KRaft node, jars from the set-up) instead of "
                         "the embedded tansu")
@@ -98,7 +102,8 @@ def recovery_options(args: argparse.Namespace) -> RecoveryOptions:
         policy=("--transaction-timeout", args.transaction_timeout, "--check-interval",
                 args.check_interval, "--trigger", args.trigger),
         timeout_s=args.timeout if args.timeout is not None else 600.0,
-        key_press=sys.stdin is not None and sys.stdin.isatty())
+        key_press=sys.stdin is not None and sys.stdin.isatty(),
+        ui_port=args.ui_port if args.ui else None)
 
 
 def recovery_command(args: argparse.Namespace, launch: Launch = local_launch) -> int:

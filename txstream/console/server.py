@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from txstream.console.feed import Feeder, IndexFeed
 from txstream.console.index import Index
 from txstream.console.release_lookup import find_releases
-from txstream.console.web import Resolver, create_app
+from txstream.console.web import ExtraPage, Resolver, create_app
 from txstream.errors import ConfigError
 from txstream.kafka import KafkaSettings
 from txstream.topics import Topics
@@ -40,12 +41,14 @@ def default_index_path(topics: Topics) -> Path:
 
 
 class ConsoleServer:
-    """The console on ``host``:``port`` (0: a free one), over the index at ``index_path``."""
+    """The console on ``host``:``port`` (0: a free one), over the index at ``index_path``;
+    ``extra``: pages of the program that runs it (:class:`txstream.console.web.ExtraPage`)."""
 
     def __init__(self, index_path: str | Path, settings: KafkaSettings, topics: Topics, *,
                  host: str = "127.0.0.1", port: int = 8080, admin_token: str | None = None,
                  resolver: Resolver | None = None, operator: str = "console",
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5,
+                 extra: Mapping[str, Callable[[], ExtraPage]] | None = None) -> None:
         from werkzeug.serving import make_server
 
         self.index = Index(index_path)
@@ -58,7 +61,8 @@ class ConsoleServer:
         self.app = create_app(self.index, status=lambda: self.feeder.status,
                               resolver=resolver, admin_token=admin_token,
                               default_operator=operator,
-                              locate=functools.partial(find_releases, settings))
+                              locate=functools.partial(find_releases, settings),
+                              extra=extra)
         try:
             self._http: Any = make_server(host, port, self.app, threaded=True)
         except OSError as exc:

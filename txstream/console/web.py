@@ -19,8 +19,8 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
@@ -43,7 +43,7 @@ from txstream.console.web_params import MAX_LIMIT, int_param, refused_sources, t
 from txstream.errors import TxStreamError
 from txstream.message import Decision
 
-__all__ = ["create_app", "Resolver", "tx_json", "event_json", "format_age",
+__all__ = ["create_app", "Resolver", "ExtraPage", "tx_json", "event_json", "format_age",
            "SECURITY_HEADERS", "OVERDUE_GRACE_MS"]
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,17 @@ def _bearer() -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+@dataclass(frozen=True)
+class ExtraPage:
+    """A page a program that runs the console adds to it (the recovery demo's chart): its
+    title, its body (HTML made by that program, shown as it is) and, if it changes as it is
+    watched, how often the browser asks for it again."""
+
+    title: str
+    body: str
+    refresh_s: int | None = None
+
+
 def _api_error(status: int, message: str) -> tuple[Response, int]:
     return jsonify(status=status, error=message), status
 
@@ -126,10 +137,12 @@ def _api_error(status: int, message: str) -> tuple[Response, int]:
 def create_app(index: Index, *, status: Callable[[], FeederStatus] | None = None,
                resolver: Resolver | None = None, admin_token: str | None = None,
                default_operator: str = "console", locate: Locate | None = None,
-               overdue_grace_ms: int = OVERDUE_GRACE_MS) -> Flask:
+               overdue_grace_ms: int = OVERDUE_GRACE_MS,
+               extra: Mapping[str, Callable[[], ExtraPage]] | None = None) -> Flask:
     """The console over ``index``. ``status``: the feed's, for the pages' header. Admin
     actions need both ``resolver`` and ``admin_token``. ``locate``: finds a release on its
-    real topic. A pending check more than ``overdue_grace_ms`` past due is flagged overdue."""
+    real topic. A pending check more than ``overdue_grace_ms`` past due is flagged overdue.
+    ``extra``: pages of the running program's, by path (made at each request)."""
     app = Flask(__name__)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     admin = bool(admin_token) and resolver is not None
@@ -168,6 +181,9 @@ def create_app(index: Index, *, status: Callable[[], FeederStatus] | None = None
     _add_pages(app, index, lookup)
     _add_api(app, index, feed_status, lookup)
     _add_resolve(app, index, resolver if admin else None, admin_token or "", default_operator)
+    for path, make in (extra or {}).items():
+        app.add_url_rule(path, f"extra:{path}",
+                         lambda make=make: render_template("extra.html", page=make()))
     return app
 
 
