@@ -7,7 +7,8 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml bench/pyproject.toml deploy/kafka/pom.xml scripts/setup.sh
+$(VENV)/.installed: pyproject.toml bench/pyproject.toml deploy/kafka/pom.xml \
+		deploy/spark-kafka/pom.xml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $@
 

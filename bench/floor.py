@@ -43,7 +43,8 @@ from bench.harness import logged_session
 from txstream.streaming.engine.config import RunConfig
 
 __all__ = ["FloorResult", "measure_floor", "RowsSource", "NothingSink", "batch_cost",
-           "rows_per_batch", "WARM_UP_S", "BATCH_S", "MIN_BATCHES", "MAX_EXTRA_S"]
+           "rows_per_batch", "first_batch_ms", "WARM_UP_S", "BATCH_S", "MIN_BATCHES",
+           "MAX_EXTRA_S"]
 
 WARM_UP_S = 20.0  # the floor query's first batches: JIT, Python workers, first plans
 MIN_BATCHES = 2  # a floor measured over fewer batches says nothing
@@ -60,6 +61,8 @@ class FloorResult:
     batch_parts_ms_p50: dict[str, float | None]
     cores: float | None  # the machine's, while the floor query ran alone
     cpu_ms_per_batch: float | None
+    # The query's first batch: a new query's planning, and Python processes the first time.
+    first_batch_ms: int | None = None
 
 
 def _count(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
@@ -201,6 +204,7 @@ def measure_floor(config: RunConfig, rows: int, seconds: float,
             time.sleep(0.5)
             batches = log.of(name, mark)
         end_ms = time.time() * 1000
+        first = first_batch_ms(log.of(name))
     finally:
         query.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -211,4 +215,9 @@ def measure_floor(config: RunConfig, rows: int, seconds: float,
         batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
         batch_parts_ms_p50=parts_p50(batches),
         cores=cores, cpu_ms_per_batch=batch_cost(cores, (end_ms - start_ms) / 1000,
-                                                 len(batches)))
+                                                 len(batches)), first_batch_ms=first)
+
+
+def first_batch_ms(batches: list[Batch]) -> int | None:
+    """The first of a query's batches (ms), given all of them."""
+    return batches[0].duration_ms if batches else None

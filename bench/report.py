@@ -11,8 +11,9 @@ __all__ = ["machine", "load_average", "targets", "format_table", "TARGETS", "PHA
 
 # What ``txstream bench`` can run, in the order it runs them.
 PHASES = ("pipe", "coordinator", "ceiling", "floor", "pending")
-# On request only (--phases recovery): it starts and SIGKILLs coordinators of its own.
-ALL_PHASES = (*PHASES, "recovery")
+# On request only: connector needs Spark's Kafka connector (scripts/setup.sh) and a broker
+# that answers ListOffsets (Apache Kafka); recovery starts and SIGKILLs coordinators of its own.
+ALL_PHASES = (*PHASES, "connector", "recovery")
 # Issue 41's recovery targets, on a fast VM (a spin of 1.3 s): scaled by the run's spin.
 FAST_SPIN_S = 1.3
 
@@ -155,14 +156,16 @@ def _fixed_cost_lines(cost: dict[str, Any] | None) -> list[str]:
              f"{_num(cost['idle_cores'], '.2f')} cores)",
              f"  {'query':<16} {'batch p50':>10} {'planning':>9} {'addBatch':>9} "
              f"{'CPU/batch':>10} {'cores':>6}"]
-    for name in ("floor", "floor_python_io", "ceiling", "coordinator"):
+    for name in ("floor", "floor_python_io", "floor_kafka", "ceiling", "coordinator"):
         q = cost.get(name)
         if not q:
             continue
         parts = q["batch_parts_ms_p50"]
+        first = q.get("first_batch_ms")
         lines.append(f"  {name:<16} {_ms(q['batch_ms_p50']):>10} "
                      f"{_ms(parts.get('queryPlanning')):>9} {_ms(parts.get('addBatch')):>9} "
-                     f"{_ms(q['cpu_ms_per_batch']):>10} {_num(q['cores'], '.2f'):>6}")
+                     f"{_ms(q['cpu_ms_per_batch']):>10} {_num(q['cores'], '.2f'):>6}"
+                     + (f"   first batch {_ms(first)}" if first is not None else ""))
     return lines
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ceiling import measure_ceiling
+from bench.connector import connector_conf, measure_floor_kafka
 from bench.coordinator_phases import measure_latency, measure_throughput
 from bench.cpu import CpuMeter, cpu_times, steal_pct
 from bench.fair import ORDER, WARM_UP_TRANSACTIONS, compare, throughput_run
@@ -112,6 +113,8 @@ def run_bench(config: RunConfig, options: BenchOptions,
     """
     result: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(),
                               **_empty()}
+    if "connector" in options.phases:  # on the class path before the session's JVM starts
+        config = connector_conf(config)
     with ExitStack() as stack:
         meter = stack.enter_context(CpuMeter())
         if config.kafka.bootstrap_servers.startswith("embedded:"):
@@ -124,6 +127,7 @@ def run_bench(config: RunConfig, options: BenchOptions,
             "ceiling": lambda: _ceiling(config, options, result, meter, say),
             "floor": lambda: _floor(config, options, result, meter, say),
             "pending": lambda: _pending(config, options, result, say),
+            "connector": lambda: _connector(config, options, result, meter, say),
             "recovery": lambda: _recovery(config, options, result, say),
         }
         fair = {"coordinator", "ceiling"} <= set(options.phases)
@@ -274,6 +278,20 @@ def _floor(config: RunConfig, options: BenchOptions, result: dict[str, Any],
             f"{floor.cpu_ms_per_batch} ms CPU per batch")
 
 
+def _connector(config: RunConfig, options: BenchOptions, result: dict[str, Any],
+               meter: CpuMeter, say: Callable[[str], None]) -> None:
+    """The floor's query through Spark's Kafka connector (bench.connector)."""
+    rate = options.rate or result["offered_tx_per_s"] or FLOOR_RATE
+    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
+    rows = rows_per_batch(rate, (coordinator or {}).get("batches_per_s"))
+    say(f"connector: the floor's query between Spark's Kafka source and sink, {rows:,} rows "
+        f"a batch (at {rate:,.0f} tx/s), {options.latency_seconds:.0f} s")
+    floor = measure_floor_kafka(config, rows, options.latency_seconds, meter)
+    result["floor"] = {**(result["floor"] or {}), "floor_kafka": dataclasses.asdict(floor)}
+    say(f"floor_kafka: busy batch p50 {floor.batch_ms_p50} ms, {floor.cores} cores, "
+        f"{floor.cpu_ms_per_batch} ms CPU per batch, first batch {floor.first_batch_ms} ms")
+
+
 def _at_rate(latency: dict[str, Any] | None, cpu: dict[str, Any] | None
              ) -> dict[str, Any] | None:
     """One query's batches while the rate was offered: their time, its parts, and the CPU
@@ -299,10 +317,11 @@ def fixed_cost(result: dict[str, Any]) -> dict[str, Any] | None:
     coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
     if not (floors or ceiling or coordinator):
         return None
-    fields = ("rows_per_batch", "batch_ms_p50", "batch_parts_ms_p50", "cores", "cpu_ms_per_batch")
+    fields = ("rows_per_batch", "batch_ms_p50", "batch_parts_ms_p50", "cores", "cpu_ms_per_batch",
+              "first_batch_ms")
     return {"offered_tx_per_s": result["offered_tx_per_s"],
             **{variant: None if variant not in floors else {k: floors[variant][k] for k in fields}
-               for variant in ("floor", "floor_python_io")},
+               for variant in ("floor", "floor_python_io", "floor_kafka")},
             "ceiling": ceiling, "coordinator": coordinator,
             "idle_cores": (result["cpu"].get("coordinator_idle") or {}).get("cores")}
 

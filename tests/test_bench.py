@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,17 @@ def test_the_recovery_phase_times_a_cold_start_and_a_restart() -> None:
             "recovery: cold start -> first release, at a 1.3-s spin <= 20 s"} <= set(
         result["targets"])
     assert "recovery: restart 1 to 5 commits visible" in proc.stderr
+
+
+def test_the_connector_phase_runs_the_floor_through_sparks_kafka_connector(
+        apache_kafka_settings: Any) -> None:
+    # On Apache Kafka: tansu answers ListOffsets wrongly, and Spark's Kafka source reads by it.
+    proc = _bench("--phases", "floor,connector", "--latency-seconds", "4", "--json",
+                  "--bootstrap-servers", apache_kafka_settings.bootstrap_servers, timeout_s=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cost = json.loads(proc.stdout.strip().splitlines()[-1])["fixed_cost"]
+    for query in ("floor", "floor_python_io", "floor_kafka"):
+        figures = cost[query]
+        assert figures["batch_ms_p50"] > 0 and figures["first_batch_ms"] > 0, query
+        assert figures["batch_parts_ms_p50"]["addBatch"] > 0, query
+    assert cost["floor_kafka"]["rows_per_batch"] == cost["floor"]["rows_per_batch"]
