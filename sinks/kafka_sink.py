@@ -86,6 +86,9 @@ class SinkOptions:
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
     # Where the bodies of held half messages are read back from (sinks.bodies).
     half_topic: str | None = None
+    # The checkpoint's transactional id: each task writes its records in one Kafka
+    # transaction under it and its partition (sinks.transactional); None: the ordered path.
+    transactional_id: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:

@@ -55,7 +55,8 @@ _POLICY_FLAGS: list[tuple[str, str, str]] = [
 _LOG_FORMAT = "text"
 # Flags of RunConfig fields given as they are (numbers and names), by field name.
 _PLAIN_FIELDS = ("buckets", "key_shards", "shuffle_partitions", "state_store",
-                 "max_offsets_per_trigger", "max_message_bytes", "jit", "driver_memory")
+                 "max_offsets_per_trigger", "max_message_bytes", "jit", "driver_memory",
+                 "transactions")
 _SECURITY_FLAGS = ("security-protocol", "sasl-mechanism", "sasl-username", "sasl-password",
                    "ssl-cafile", "ssl-certfile", "ssl-keyfile")
 
@@ -285,6 +286,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="the largest record the coordinator writes (default "
                         f"{_default('max-message-bytes')}, Kafka's message.max.bytes): a half "
                         "message whose records would be bigger is dead-lettered as it comes")
+    p.add_argument("--transactions", choices=("auto", "on", "off"), default=env("transactions"),
+                   help="each sink task's records in one Kafka transaction: auto where the "
+                        "broker isolates transactions (probed once per checkpoint), on (refuse "
+                        "to start on a broker that does not), off (releases acknowledged before "
+                        f"their notes) (default {_default('transactions')})")
     p.add_argument("--metrics-port", type=int, default=env("metrics-port"),
                    help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default=env("metrics-host") or _default("metrics-host"),
@@ -362,6 +368,6 @@ def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunCon
     for name in _PLAIN_FIELDS:
         value = getattr(args, name)
         if value is not None:
-            text = name in ("state_store", "jit", "driver_memory")
+            text = name in ("state_store", "jit", "driver_memory", "transactions")
             changes[name] = value if text else int(value)
     return RunConfig(**changes)

@@ -43,7 +43,10 @@ class Isolation(NamedTuple):
 def fenced(exc: BaseException) -> bool:
     """Whether ``exc`` says another producer took this transactional id (a newer attempt of
     the same task, or the same task in another worker process)."""
-    return isinstance(exc, (ProducerFencedError, InvalidProducerEpochError))
+    if isinstance(exc, (ProducerFencedError, InvalidProducerEpochError)):
+        return True
+    # kafka-python's later calls raise a plain KafkaError naming the error it is stuck in.
+    return "ProducerFenced" in str(exc) or "InvalidProducerEpoch" in str(exc)
 
 
 def make_transactional_producer(settings: KafkaSettings, transactional_id: str, *,
