@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
                    help=f"which phases to run (default {','.join(PHASES)}); the fields of a "
                         "skipped phase are null")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_run_arguments(p)
+    add_run_arguments(p, sink_transactions=False)  # its --transactions is a count
     p.set_defaults(func=bench_command)
 
 
