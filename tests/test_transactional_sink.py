@@ -156,3 +156,25 @@ def test_with_transactions_off_the_ordered_path_holds(
     assert commit.already_written == 3 and commit.counts == {Kind.HISTORY: 3}
     assert len(read_committed(settings, real)) == 3
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
+
+
+def test_a_producer_fenced_by_another_takes_its_id_back(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    # Another worker process ran this partition's task of a later batch: its producer of the
+    # same transactional id fenced this process's cached one.
+    from txstream.kafka.transactions import make_transactional_producer
+
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique)
+    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                          dead_letter_topic=topics.dead_letter)
+    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    rows = _rows(real, topics, n=2)
+    send_rows(options, rows[:2])
+    other = make_transactional_producer(settings, f"txstream-{unique}-0")
+    other.close()
+    commit = send_rows(options, rows[2:])
+    assert commit.counts == {Kind.VISIBLE: 1, Kind.HISTORY: 1}
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1"]
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released"]
