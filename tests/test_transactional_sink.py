@@ -178,3 +178,40 @@ def test_a_producer_fenced_by_another_takes_its_id_back(
     assert commit.counts == {Kind.VISIBLE: 1, Kind.HISTORY: 1}
     assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1"]
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released"]
+
+
+def test_the_coordinator_on_apache_kafka_releases_in_transactions(
+        spark: Any, apache_kafka_settings: KafkaSettings, unique: str, tmp_path: Any) -> None:
+    # End to end: --transactions auto probes the broker, keeps the answer in the checkpoint
+    # and gives the sink the checkpoint's transactional id; a commit is released once.
+    import json
+
+    from txstream.message import Decision
+    from txstream.state.policy import Policy
+    from txstream.streaming.engine.config import RunConfig
+    from txstream.streaming.engine.query import resolve_transactions, start_coordinator
+
+    from kafka_helpers import end_record, half_record, history_of, produce, wait_for, wait_until
+
+    settings, topics = apache_kafka_settings, Topics.with_prefix(f"{unique}_")
+    config = RunConfig(kafka=settings, topics=topics, checkpoint_dir=tmp_path / "cp", buckets=4,
+                       policy=Policy(transaction_timeout=2000, check_interval=2000),
+                       query_name=f"tx-{unique}")
+    resolved, line = resolve_transactions(spark, config)
+    assert resolved.transactions == "on" and resolved.transactional_id is not None
+    assert line is not None and line.startswith("transactions on (the broker isolates")
+    kept = json.loads((tmp_path / "cp" / "transactions.json").read_text())
+    assert kept["transactional_id"] == resolved.transactional_id and kept["probe"]["isolates"]
+    query = start_coordinator(spark, config)  # the kept answer: not probed again
+    try:
+        real = f"{unique}-real"
+        produce(settings, [half_record(topics, "tx-1", "G", real, b"hello"),
+                           end_record(topics, "tx-1", "G", Decision.COMMIT_MESSAGE)])
+        [visible] = wait_for(settings, real, 1, timeout_s=180)
+        assert visible.value == b"hello"
+        wait_until(lambda: any(n["event"] == "released"
+                               for n in history_of(settings, topics, "tx-1")), timeout_s=60)
+        # Written in a transaction: the log holds its commit marker after the release.
+        assert partition_ends(settings, real)[visible.partition] > visible.offset + 1
+    finally:
+        query.stop()
