@@ -74,7 +74,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--recovery-restarts", type=int, default=3, metavar="N",
                    help="SIGKILLs and restarts of the recovery phase (3; the median is given)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_run_arguments(p)
+    add_run_arguments(p, sink_transactions=False)  # its --transactions is a count
     p.set_defaults(func=bench_command)
 
 

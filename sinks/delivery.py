@@ -53,7 +53,7 @@ from txstream.topics import Topics
 from txstream.wire import H, Record, pack_headers
 
 __all__ = ["Delivery", "RefusedRelease", "MissingTopic", "make_sink_producer", "missing_topic",
-           "wait_ms", "refused_by_broker"]
+           "wait_ms", "refused_by_broker", "restated_note", "Prepared"]
 
 _MAX_ERRORS_SHOWN = 3
 # A prepared row: the output row with its headers unpacked for the producer.
@@ -227,7 +227,7 @@ class Delivery:
         notes, self.notes = self.notes, []
         if notes:
             self.futures = []
-            self._send_now([_restated(note, self.restated) for note in notes]
+            self._send_now([restated_note(note, self.restated) for note in notes]
                            if self.restated else notes)
             self._acknowledged()
         return +self.counts
@@ -310,7 +310,7 @@ def _refusal(prepared: Prepared, exc: BaseException, limit: int) -> tuple[str, s
                                     f"bytes, the limit is {limit}): {type(exc).__name__}: {exc}")
 
 
-def _restated(note: Prepared, refused: dict[str, dict[str, object]]) -> Prepared:
+def restated_note(note: Prepared, refused: dict[str, dict[str, object]]) -> Prepared:
     """A history record whose ``released`` notes of refused releases say so."""
     row, headers = note
     value = restate_refused(row.value, refused)

@@ -54,6 +54,7 @@ from txstream.sinks.delivery import Delivery, Prepared, RefusedRelease, make_sin
 from txstream.sinks.refusal_log import record as refusal_record
 from txstream.sinks.refusal_log import refusal_log
 from txstream.sinks.replay import replay_suspected, written_ids
+from txstream.sinks.transactional import Fenced, TransactionalDelivery, task_transactional_id
 from txstream.sources.bodies import BodySource
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import fold_into
@@ -86,6 +87,9 @@ class SinkOptions:
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
     # Where the bodies of held half messages are read back from (sinks.bodies).
     half_topic: str | None = None
+    # The checkpoint's transactional id: each task writes its records in one Kafka
+    # transaction under it and its partition (sinks.transactional); None: the ordered path.
+    transactional_id: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -215,6 +219,8 @@ def send_rows(options: SinkOptions, rows: list[OutputRow]) -> SinkCommit:
     records, batch_ms = _split_timers(rows, timers)
     ready = _checked(records)
     total = len(ready)
+    if options.transactional_id is not None:
+        return _send_in_transaction(options, ready, timers, batch_ms)
     if options.replay_check and replay_suspected():
         ready = _not_yet_written(options, ready)
     delivery = _delivery(options)
@@ -229,7 +235,8 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
     task after the batches before it were sent; the retry or restart is a replay, and replays
     skip what was written. A task that may be writing a replayed batch reads everything first:
     what its first run wrote is found by the ids of the whole batch."""
-    if options.replay_check and replay_suspected():
+    if options.transactional_id is not None or (options.replay_check and replay_suspected()):
+        # In a transaction the task's records are sent at the end, all together.
         return send_rows(options, _rows(batches))
     delivery = _delivery(options)
     timers: dict[int, int | None] = {}
@@ -240,6 +247,36 @@ def send_batches(options: SinkOptions, batches: Iterator[Any]) -> SinkCommit:
         delivery.send(_with_bodies(options, _checked(rows)))
     return SinkCommit(delivery.finish(), timers=timers, batch_ms=batch_ms,
                       refused=delivery.refused_releases)
+
+
+def _send_in_transaction(options: SinkOptions, ready: list[Prepared],
+                         timers: dict[int, int | None], batch_ms: int | None) -> SinkCommit:
+    """Send ``ready`` in one Kafka transaction (sinks.transactional). A task that may be a
+    replay makes its producer anew first: that aborts what a killed attempt left open, before
+    the replay check reads back. A producer fenced by another worker process's (the same
+    partition's task of another batch) is made anew, and the task checked as a replay: the
+    other may have been a zombie attempt of this very task."""
+    assert options.transactional_id is not None
+    txid = task_transactional_id(options.transactional_id)
+    suspected = replay_suspected()
+    for attempt in range(2):
+        delivery = TransactionalDelivery(options.kafka, options.flush_timeout_s, txid,
+                                         options.dead_letter_topic, options.max_message_bytes,
+                                         options.half_topic)
+        if suspected or attempt:
+            delivery.renew()
+        rows = ready
+        if options.replay_check and (suspected or attempt):
+            rows = _not_yet_written(options, ready)
+        delivery.send(_with_bodies(options, rows))
+        try:
+            return SinkCommit(delivery.finish(), len(ready) - len(rows), timers, batch_ms,
+                              delivery.refused_releases)
+        except Fenced:
+            if attempt:
+                raise
+            log.info("transactional id %s was taken by another producer; taking it back", txid)
+    raise AssertionError("unreachable")
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):

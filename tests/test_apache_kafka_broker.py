@@ -277,3 +277,21 @@ def test_a_fast_test_cannot_start_kafka(tmp_path: Path) -> None:
         KafkaBroker().start()
     with pytest.raises(RuntimeError, match="without the"):
         subprocess.Popen(["java", "-cp", str(tmp_path), "kafka.Kafka", "server.properties"])
+
+
+def test_an_end_probe_asked_again_at_the_end_gets_every_answer(
+        apache_kafka_settings: KafkaSettings, unique: str) -> None:
+    # Apache Kafka's incremental fetch sessions (KIP-227) answer only for partitions that
+    # changed: a kept probe asked at the ends it was told before got no high watermark every
+    # second time, and the coordinator's source stopped on "no high watermark".
+    from txstream.kafka import EndProbe, make_producer
+
+    producer = make_producer(apache_kafka_settings)
+    for topic in (f"{unique}-a", f"{unique}-b"):
+        producer.send(topic, b"x").get(timeout=30)
+    producer.close()
+    with EndProbe(apache_kafka_settings, kept_as=None) as probe:
+        ends: dict[tuple[str, int], int] = {}
+        for _ in range(4):
+            ends = probe.topic_ends([f"{unique}-a", f"{unique}-b"], ends, timeout_s=5)
+            assert ends == {(f"{unique}-a", 0): 1, (f"{unique}-b", 0): 1}

@@ -12,6 +12,7 @@ __all__ = [
     "SendFailed",
     "SendInDoubt",
     "ReadFailed",
+    "TransactionsUnavailable",
 ]
 
 
@@ -64,3 +65,8 @@ class SendInDoubt(SendFailed):
 
 class ReadFailed(TxStreamError, RuntimeError):
     """Records could not be read from Kafka as planned (broker down, records lost)."""
+
+
+class TransactionsUnavailable(TxStreamError, RuntimeError):
+    """Kafka transactions were asked for (``--transactions on``) and the broker does not
+    isolate them, or whether it does could not be found out."""

@@ -81,6 +81,7 @@ def run_defaults() -> dict[str, str]:
     shown["trigger"] = duration_text(config["trigger_ms"])
     shown["broker-outage-limit"] = duration_text(config["broker_outage_limit_ms"])
     shown["metrics-host"] = config["metrics_host"]
+    shown["transactions"] = config["transactions"]
     shown["log-format"] = _LOG_FORMAT
     health = HealthThresholds()
     shown["health-lag-growing"] = duration_text(health.lag_growing_s * 1000)
@@ -247,8 +248,9 @@ def spark_conf_of(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return tuple(pairs.items())
 
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``txstream run`` (also taken by the benchmark)."""
+def add_run_arguments(p: argparse.ArgumentParser, sink_transactions: bool = True) -> None:
+    """The flags of ``txstream run`` (also taken by the benchmark, whose ``--transactions``
+    is a count: ``sink_transactions=False`` leaves the run's out)."""
     add_kafka_arguments(p)
     add_spark_arguments(p)
     p.add_argument("--checkpoint-dir", default=env("checkpoint-dir"),
@@ -285,8 +287,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="the largest record the coordinator writes (default "
                         f"{_default('max-message-bytes')}, Kafka's message.max.bytes): a half "
                         "message whose records would be bigger is dead-lettered as it comes")
+    if sink_transactions:
+        _add_transactions_flag(p)
     p.add_argument("--metrics-port", type=int, default=env("metrics-port"),
                    help="serve Prometheus metrics on this port")
+    _add_tail_arguments(p)
+
+
+def _add_transactions_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transactions", dest="sink_transactions", choices=("auto", "on", "off"),
+                   default=env("transactions"),
+                   help="each sink task's records in one Kafka transaction: auto where the "
+                        "broker isolates transactions (probed once per checkpoint), on (refuse "
+                        "to start on a broker that does not), off (releases acknowledged before "
+                        f"their notes) (default {_default('transactions')})")
+
+
+def _add_tail_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-host", default=env("metrics-host") or _default("metrics-host"),
                    help="address the metrics server binds (default "
                         f"{_default('metrics-host')}: all interfaces)")
@@ -342,6 +359,7 @@ def _duration(flag: str, text: str) -> int:
 def config_from_args(args: argparse.Namespace, bootstrap_servers: str) -> RunConfig:
     """The RunConfig of the parsed flags; ``bootstrap_servers`` is already resolved."""
     changes: dict[str, Any] = {
+        "transactions": getattr(args, "sink_transactions", None) or "auto",
         "kafka": settings_of(args, bootstrap_servers),
         "policy": _policy(args),
         "topics": Topics.with_prefix(args.topic_prefix),

@@ -24,6 +24,7 @@ from txstream.streaming.engine.spark_settings import (
     JIT_OPTIONS,
     check_driver_memory,
 )
+from txstream.streaming.engine.transactions import MODES as TRANSACTION_MODES
 from txstream.topics import Topics
 
 __all__ = [
@@ -106,6 +107,11 @@ class RunConfig:
     broker_outage_limit_ms: int = 300_000
     metrics_host: str = "0.0.0.0"  # all interfaces: a scraper in another container must reach it
     query_name: str = "txstream-coordinator"
+    # Each sink task's records in one Kafka transaction: "auto" where the broker isolates
+    # transactions (probed once per checkpoint), "on", "off" (streaming.engine.transactions).
+    transactions: str = "auto"
+    # Set when the choice is made at start: the checkpoint's transactional id (None: off).
+    transactional_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
@@ -126,6 +132,9 @@ class RunConfig:
             raise ConfigError(f"jit must be one of {', '.join(JIT_OPTIONS)}, not {self.jit!r}")
         if self.max_message_bytes < 1024:
             raise ConfigError("the largest message must be at least 1024 bytes")
+        if self.transactions not in TRANSACTION_MODES:
+            raise ConfigError(f"transactions must be one of {', '.join(TRANSACTION_MODES)}, "
+                              f"not {self.transactions!r}")
         if self.trigger_ms < 0:
             raise ConfigError("trigger must not be negative")
         try:

@@ -153,8 +153,19 @@ class Coordinator:
             # from what the checkpoint holds.
             seed_from_state(self.listener.board, self.spark, self.config.checkpoint_dir)
         self.spark.streams.addListener(self.listener)
+        self._choose_transactions()
         self.query = self.start_query(self.spark)
         return self
+
+    def _choose_transactions(self) -> None:
+        """Which path the sink takes, said in one line (streaming.engine.transactions)."""
+        from txstream.streaming.engine.query import resolve_transactions
+
+        self.config, line = resolve_transactions(self.spark, self.config)
+        if line is not None:
+            log.info("%s", line)
+            if self.emit:
+                self.emit(line)
 
     def start_query(self, spark: Any) -> Any:
         """Start the streaming query on ``spark``; returns the StreamingQuery."""

@@ -23,6 +23,7 @@ with, so a back-check counts only once it was delivered and nothing is lost.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,13 @@ from txstream.streaming.engine.operator import coordinator_function
 from txstream.streaming.engine.timers import restore_schedule
 
 __all__ = ["register", "source_options", "event_stream", "stateful_outputs", "record_writer",
-           "build_stream", "prepare_checkpoint", "start_coordinator", "OBSERVATION",
+           "build_stream", "prepare_checkpoint", "resolve_transactions", "start_coordinator",
+           "OBSERVATION",
            "KEY_SUMMARIES"]
 
 OBSERVATION = "txstream"
+
+log = logging.getLogger(__name__)
 
 
 def _observed_metrics() -> list[Any]:
@@ -111,11 +115,13 @@ def stateful_outputs(events: Any, function: Callable[..., Any]) -> Any:
 
 def record_writer(outputs: Any, config: RunConfig, timer_file: Path | None) -> Any:
     """The ``DataStreamWriter`` of ``outputs`` to Kafka (``txstream-records``), not started;
-    with a ``timer_file``, each committed batch folds its keys' timeouts into it."""
+    with a ``timer_file``, each committed batch folds its keys' timeouts into it. With a
+    ``transactional_id`` (:func:`resolve_transactions`) each task writes in a transaction."""
     options = SinkOptions(kafka=config.kafka, timer_file=str(timer_file) if timer_file else None,
                           dead_letter_topic=config.topics.dead_letter,
                           max_message_bytes=config.max_message_bytes,
-                          half_topic=config.topics.half)
+                          half_topic=config.topics.half,
+                          transactional_id=config.transactional_id)
     return (
         outputs.writeStream.format("txstream-records")
         .options(**to_options(options))
@@ -146,6 +152,25 @@ def prepare_checkpoint(spark: Any, config: RunConfig) -> Path:
     return restore_schedule(spark, checkpoint)
 
 
+def resolve_transactions(spark: Any, config: RunConfig) -> tuple[RunConfig, str | None]:
+    """``config`` with its ``--transactions`` choice made (probed once per checkpoint,
+    streaming.engine.transactions), and the line that says it (None: made before)."""
+    from txstream.kafka.transactions import probe_transactions
+    from txstream.streaming.engine.transactions import choose_for_checkpoint, probe_topic
+
+    if config.transactions == "off" or config.transactional_id is not None:
+        return config, None
+    choice = choose_for_checkpoint(
+        spark, config.checkpoint_dir, config.transactions, config.kafka.bootstrap_servers,
+        lambda: probe_transactions(config.kafka, probe_topic(config.topics.history)))
+    resolved = config.with_(transactions="on" if choice.on else "off",
+                            transactional_id=choice.transactional_id)
+    return resolved, choice.line
+
+
 def start_coordinator(spark: Any, config: RunConfig) -> Any:
     """Start the coordinator query on ``spark``; returns the StreamingQuery."""
+    config, line = resolve_transactions(spark, config)
+    if line is not None:
+        log.info("%s", line)
     return build_stream(spark, config, prepare_checkpoint(spark, config)).start()

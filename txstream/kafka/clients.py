@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar, cast
 
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka.memory import is_memory
@@ -29,7 +29,8 @@ from txstream.kafka.protocols import Admin, Consumer, KafkaClient, Producer
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
-           "TopicTrackingProducer", "cached_client", "drop_cached_client", "clear_cached_clients",
+           "TopicTrackingProducer", "CommittedEndConsumer", "cached_client",
+           "drop_cached_client", "clear_cached_clients",
            "close_quietly", "ClientSlot",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
@@ -76,6 +77,37 @@ class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]  # kafka-pytho
         return super().send(topic, *args, **kwargs)
 
 
+class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python is untyped
+    """kafka-python's consumer whose ``highwater()`` is where a ``read_committed`` reader can
+    read to: the last stable offset, below the high watermark while a transaction is open.
+
+    Every txstream reader reads a partition to the end ``highwater()`` gave (txstream.kafka.
+    reading); past the last stable offset a read_committed fetch returns nothing until the
+    transaction ends, so such a read would wait for it. kafka-python keeps only the high
+    watermark of a fetch answer: its parse step is wrapped to keep the lower of the two. It
+    reaches into the pinned kafka-python's fetcher (tests/test_kafka_boundary.py).
+    """
+
+    def __init__(self, **configs: Any) -> None:
+        super().__init__(**configs)
+        if self.config["isolation_level"] == "read_committed":
+            self._fetcher._parse_fetched_data = _capped_at_stable(
+                self._fetcher._parse_fetched_data, self._subscription)
+
+
+def _capped_at_stable(parse: Callable[[Any], Any], subscription: Any) -> Callable[[Any], Any]:
+    def parse_capped(completed_fetch: Any) -> Any:
+        parsed = parse(completed_fetch)
+        stable = getattr(completed_fetch.partition_data, "last_stable_offset", -1)
+        tp = completed_fetch.topic_partition
+        if stable is not None and stable >= 0 and subscription.is_assigned(tp):
+            state = subscription.assignment[tp]
+            if state.highwater is not None and stable < state.highwater:
+                state.highwater = stable
+        return parsed
+    return parse_capped
+
+
 # txstream's own defaults: the settings' properties beat them, the caller's overrides beat
 # both (a reader's fetch sizes, the sink's one request in flight, the client library's
 # timeouts). Values that would break a guarantee are refused with the settings
@@ -85,6 +117,9 @@ _PRODUCER_DEFAULTS: dict[str, Any] = {
     "max_request_size": 8 * 1024 * 1024, "retries": 5,
 }
 _CONSUMER_DEFAULTS: dict[str, Any] = {
+    # A record of a failed transactional batch is never read (docs/decisions/0032-
+    # transactions.md); on records written without transactions it changes nothing.
+    "isolation_level": "read_committed",
     "enable_auto_commit": False, "auto_offset_reset": "earliest",
     "fetch_max_bytes": 16 * 1024 * 1024, "max_partition_fetch_bytes": 8 * 1024 * 1024,
 }
@@ -128,9 +163,8 @@ def make_producer(settings: KafkaSettings, *, role: str | None = None,
 
 def make_consumer(settings: KafkaSettings, *, role: str | None = None,
                   **overrides: Any) -> Consumer:
-    """A consumer. Without ``group_id`` it is meant for ``assign()`` with our own offsets."""
-    from kafka import KafkaConsumer
-
+    """A consumer. Without ``group_id`` it is meant for ``assign()`` with our own offsets.
+    It reads committed records only (``isolation_level`` read_committed, unless overridden)."""
     defaults = dict(_CONSUMER_DEFAULTS)
     if overrides.get("group_id"):
         defaults.update(_GROUP_DEFAULTS)
@@ -138,7 +172,7 @@ def make_consumer(settings: KafkaSettings, *, role: str | None = None,
     try:
         if is_memory(settings):
             return memory_consumer(settings, kw)
-        consumer: Consumer = KafkaConsumer(**kw)
+        consumer: Consumer = CommittedEndConsumer(**kw)
         return consumer
     except _UNREACHABLE as exc:
         raise BrokerUnavailable(

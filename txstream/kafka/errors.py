@@ -31,6 +31,9 @@ __all__ = [
     "UnsupportedForMessageFormatError",
     "InvalidRequiredAcksError",
     "UnsupportedVersionError",
+    "ProducerFencedError",
+    "InvalidProducerEpochError",
+    "TransactionAbortedError",
     "for_code",
 ]
 
@@ -60,6 +63,10 @@ ClusterAuthorizationFailedError: ErrorClass = _errors.ClusterAuthorizationFailed
 UnsupportedForMessageFormatError: ErrorClass = _errors.UnsupportedForMessageFormatError
 InvalidRequiredAcksError: ErrorClass = _errors.InvalidRequiredAcksError
 UnsupportedVersionError: ErrorClass = _errors.UnsupportedVersionError
+# A transactional producer whose id a newer producer took (txstream.kafka.transactions).
+ProducerFencedError: ErrorClass = _errors.ProducerFencedError
+InvalidProducerEpochError: ErrorClass = _errors.InvalidProducerEpochError
+TransactionAbortedError: ErrorClass = _errors.TransactionAbortedError
 
 
 def for_code(code: int) -> ErrorClass:

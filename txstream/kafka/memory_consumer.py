@@ -76,6 +76,11 @@ class MemoryConsumer:
             raise KafkaConfigurationError(f"Unrecognized configs: {extra}")
         if configs.get("auto_offset_reset", "latest") not in ("earliest", "latest", "none"):
             raise KafkaConfigurationError("auto_offset_reset must be earliest, latest or none")
+        # No transactions here, so every record is committed: both levels read the same.
+        if configs.get("isolation_level", "read_uncommitted") not in ("read_committed",
+                                                                      "read_uncommitted"):
+            raise KafkaConfigurationError("isolation_level must be read_committed or "
+                                          "read_uncommitted")
         self.config = copy.copy(KafkaConsumer.DEFAULT_CONFIG)
         self.config.update(configs)
         broker.check_up("bootstrap")

@@ -111,6 +111,10 @@ def _forget_fetched(consumer: Consumer, deadline: float) -> None:
         time.sleep(0.0005)
     fetcher.close()  # drops the parsed and the paused answers
     fetcher._completed_fetches.clear()
+    # And the fetch sessions (KIP-227): in an incremental session Apache Kafka answers only for
+    # partitions that changed since its last answer, so a partition fetched again at its end
+    # never got a high watermark (every second question timed out). tansu keeps no sessions.
+    fetcher._session_handlers.clear()
 
 
 # Polls without an end before the broker is asked which partitions exist (a round trip).

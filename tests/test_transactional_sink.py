@@ -1,0 +1,217 @@
+"""Releases in Kafka transactions where the broker has them (issue 40 §3; docs/decisions/
+0032-transactions.md), on Apache Kafka: a sink task's records land together or not at all; a
+task killed mid-transaction leaves nothing a read_committed reader sees, and its replay
+releases each message once; a record the broker refuses is dead-lettered in a new
+transaction. ``--transactions off`` keeps the ordered path (0030)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient
+
+from txstream.kafka import KafkaSettings, make_consumer, partition_ends
+from txstream.kafka.reading import read_topic as read_committed
+from txstream.outputs import decode_history, encode_history
+from txstream.schema import Kind
+from txstream.sinks.delivery import Delivery
+from txstream.sinks.kafka_sink import SinkOptions, send_rows
+from txstream.sinks.transactional import TransactionalDelivery
+from txstream.topics import Topics
+from txstream.wire import H, pack_headers
+
+from kafka_helpers import output_row
+
+
+class Killed(Exception):
+    """The task's process dying, as the sink sees it: nothing after this point runs."""
+
+
+def _rows(real: str, topics: Topics, n: int = 3) -> list[Any]:
+    """``n`` releases and their notes, with the ids of one batch's key."""
+    rows: list[Any] = []
+    for i in range(n):
+        txid, rid = f"tx-{i}", f"t.1.5.{i}"
+        rows.append(output_row(Kind.VISIBLE, real, f"order-{i}".encode(), f"body {i}".encode(),
+                               pack_headers(((H.TRANSACTION_ID, txid.encode()),
+                                             (H.RECORD_ID, rid.encode()))), rid, 5))
+        [(history, _)] = encode_history([(txid, 5, "released", {})], b"1", topics)
+        rows.append(output_row(Kind.HISTORY, topics.history, history.key, history.value,
+                               pack_headers(((H.RECORD_ID, f"t.1.5.n{i}".encode()),)),
+                               f"t.1.5.n{i}", 5))
+    return rows
+
+
+def read_uncommitted(settings: KafkaSettings, topic: str) -> list[Any]:
+    """Every record of partition 0 of ``topic``, aborted ones too."""
+    from txstream.kafka import TopicPartition
+
+    consumer = make_consumer(settings, isolation_level="read_uncommitted")
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        out: list[Any] = []
+        for _ in range(50):
+            for recs in consumer.poll(timeout_ms=100).values():
+                out.extend(recs)
+            hw = consumer.highwater(tp)
+            if hw is not None and (consumer.position(tp) or 0) >= hw:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def _notes(settings: KafkaSettings, topics: Topics) -> list[str]:
+    return [f"{n['transaction_id']}:{n['event']}" for r in read_committed(settings, topics.history)
+            for n in decode_history(r.value)]
+
+
+def _topics(settings: KafkaSettings, unique: str, real_configs: dict[str, str] | None = None
+            ) -> tuple[Topics, str]:
+    topics, real = Topics.with_prefix(f"{unique}_"), f"{unique}-orders"
+    admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    try:
+        admin.create_topics({real: {"configs": real_configs or {}}, topics.history: {},
+                             topics.dead_letter: {}}, wait_for_metadata=True)
+    finally:
+        admin.close()
+    return topics, real
+
+
+def test_a_task_killed_mid_transaction_leaves_nothing_and_its_replay_releases_once(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique)
+    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                          dead_letter_topic=topics.dead_letter)
+
+    def die(self: TransactionalDelivery) -> None:  # the releases sent and acknowledged
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TransactionalDelivery, "_note_dead_letters", die)
+        with pytest.raises(Killed):
+            send_rows(options, _rows(real, topics))
+    # The releases reached the broker, in a transaction left open: no reader that reads
+    # committed records sees them, nor waits for them.
+    assert len(read_uncommitted(settings, real)) == 3
+    assert partition_ends(settings, real) == {0: 0}  # the last stable offset, not the end
+    assert read_committed(settings, real) == [] and _notes(settings, topics) == []
+
+    commit = send_rows(options, _rows(real, topics))  # the task run again: a replay
+    assert commit.counts == {Kind.VISIBLE: 3, Kind.HISTORY: 3} and commit.already_written == 0
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1", b"body 2"]
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
+    # Once more (the batch's commit was lost): the replay check finds all of it.
+    assert send_rows(options, _rows(real, topics)).already_written == 6
+    assert len(read_committed(settings, real)) == 3 and len(_notes(settings, topics)) == 3
+
+
+def test_a_refused_release_is_dead_lettered_in_a_new_transaction(
+        apache_kafka_settings: KafkaSettings, unique: str) -> None:
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique, {"max.message.bytes": "1200"})
+    rows = _rows(real, topics, n=2)
+    big = rows[2]._replace(value=b"x" * 5000)  # tx-1's release: over the topic's limit
+    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                          dead_letter_topic=topics.dead_letter)
+    commit = send_rows(options, [rows[0], rows[1], big, rows[3]])
+    assert commit.counts == {Kind.VISIBLE: 1, Kind.DEAD_LETTER: 1, Kind.HISTORY: 2}
+    # The first transaction was aborted after the broker refused the big release: its
+    # records are in the log, and a read_committed reader sees none of them.
+    assert len(read_uncommitted(settings, real)) == 2
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0"]
+    [dead] = read_committed(settings, topics.dead_letter)
+    assert dead.key == b"tx-1"
+    notes = [n for r in read_committed(settings, topics.history) for n in decode_history(r.value)]
+    assert [(n["transaction_id"], n["event"]) for n in notes] == [
+        ("tx-0", "released"), ("tx-1", "release_refused")]
+    assert notes[1]["dead_letter"] == f"0@{dead.offset}"
+
+
+def test_with_transactions_off_the_ordered_path_holds(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique)
+    options = SinkOptions(kafka=settings, dead_letter_topic=topics.dead_letter)
+    acknowledged = Delivery._acknowledged
+
+    def die_before_notes(self: Delivery) -> None:
+        acknowledged(self)
+        if not any(row.kind == Kind.HISTORY for (row, _), _f in self.futures):
+            raise Killed  # the releases acknowledged, the notes not sent
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Delivery, "_acknowledged", die_before_notes)
+        with pytest.raises(Killed):
+            send_rows(options, _rows(real, topics))
+    # No transaction: the releases are there for every reader, and no note without them.
+    assert len(read_committed(settings, real)) == 3 and _notes(settings, topics) == []
+    commit = send_rows(options, _rows(real, topics))
+    assert commit.already_written == 3 and commit.counts == {Kind.HISTORY: 3}
+    assert len(read_committed(settings, real)) == 3
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
+
+
+def test_a_producer_fenced_by_another_takes_its_id_back(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    # Another worker process ran this partition's task of a later batch: its producer of the
+    # same transactional id fenced this process's cached one.
+    from txstream.kafka.transactions import make_transactional_producer
+
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique)
+    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                          dead_letter_topic=topics.dead_letter)
+    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    rows = _rows(real, topics, n=2)
+    send_rows(options, rows[:2])
+    other = make_transactional_producer(settings, f"txstream-{unique}-0")
+    other.close()
+    commit = send_rows(options, rows[2:])
+    assert commit.counts == {Kind.VISIBLE: 1, Kind.HISTORY: 1}
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1"]
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released"]
+
+
+def test_the_coordinator_on_apache_kafka_releases_in_transactions(
+        spark: Any, apache_kafka_settings: KafkaSettings, unique: str, tmp_path: Any) -> None:
+    # End to end: --transactions auto probes the broker, keeps the answer in the checkpoint
+    # and gives the sink the checkpoint's transactional id; a commit is released once.
+    import json
+
+    from txstream.message import Decision
+    from txstream.state.policy import Policy
+    from txstream.streaming.engine.config import RunConfig
+    from txstream.streaming.engine.query import resolve_transactions, start_coordinator
+
+    from kafka_helpers import end_record, half_record, history_of, produce, wait_for, wait_until
+
+    settings, topics = apache_kafka_settings, Topics.with_prefix(f"{unique}_")
+    config = RunConfig(kafka=settings, topics=topics, checkpoint_dir=tmp_path / "cp", buckets=4,
+                       policy=Policy(transaction_timeout=2000, check_interval=2000),
+                       query_name=f"tx-{unique}")
+    resolved, line = resolve_transactions(spark, config)
+    assert resolved.transactions == "on" and resolved.transactional_id is not None
+    assert line is not None and line.startswith("transactions on (the broker isolates")
+    kept = json.loads((tmp_path / "cp" / "transactions.json").read_text())
+    assert kept["transactional_id"] == resolved.transactional_id and kept["probe"]["isolates"]
+    query = start_coordinator(spark, config)  # the kept answer: not probed again
+    try:
+        real = f"{unique}-real"
+        produce(settings, [half_record(topics, "tx-1", "G", real, b"hello"),
+                           end_record(topics, "tx-1", "G", Decision.COMMIT_MESSAGE)])
+        [visible] = wait_for(settings, real, 1, timeout_s=180)
+        assert visible.value == b"hello"
+        wait_until(lambda: any(n["event"] == "released"
+                               for n in history_of(settings, topics, "tx-1")), timeout_s=60)
+        # Written in a transaction: the log holds its commit marker after the release.
+        assert partition_ends(settings, real)[visible.partition] > visible.offset + 1
+    finally:
+        query.stop()
