@@ -30,11 +30,12 @@ def _bench(*args: str, timeout_s: float = 280) -> subprocess.CompletedProcess[st
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+@pytest.mark.timeout(900)  # every phase, on a machine the other test workers load
 def test_bench_runs_every_phase_and_prints_every_field() -> None:
     proc = _bench("--transactions", "300", "--rate", "40", "--latency-seconds", "4",
                   "--unknown-every", "4", "--transaction-timeout", "2s",
                   "--pending", "300", "--stores", "default,rocksdb", "--pending-rate", "20",
-                  "--pending-seconds", "3", "--in-process", "--json")
+                  "--pending-seconds", "3", "--in-process", "--json", timeout_s=840)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in FIELDS:

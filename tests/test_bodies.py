@@ -181,11 +181,22 @@ def _create(kafka: KafkaSettings, topic: str, partitions: int) -> None:
                 admin.create_topics([NewTopic(topic, partitions, -1)])
                 return
             except TopicAlreadyExistsError:  # a deletion the broker has not finished
+                if _partition_count(kafka, topic) == partitions:
+                    return  # created again by a kept client's metadata request (tansu)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
     finally:
         admin.close()
+
+
+def _partition_count(kafka: KafkaSettings, topic: str) -> int:
+    consumer = make_consumer(kafka)
+    try:
+        consumer.topics()
+        return len(consumer.partitions_for_topic(topic) or ())
+    finally:
+        consumer.close()
 
 
 def _write(kafka: KafkaSettings, topics: Topics, partition: int, txids: list[str]) -> None:

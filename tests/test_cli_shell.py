@@ -177,7 +177,10 @@ def test_run_command_releases_from_an_application_directory_and_stops_on_ctrl_c(
         process.terminate()
     output = process.output()
     assert "Traceback" not in output, output[-3000:]
-    assert output.strip().splitlines()[-1].endswith("stopping coordinator"), output[-3000:]
+    # Ctrl-C may come while a batch runs: the stop then says so after it (and loses nothing).
+    last = [line for line in output.strip().splitlines()
+            if not line.startswith("batch ") or "did not complete" not in line][-1]
+    assert last.endswith("stopping coordinator"), output[-3000:]
 
 
 def _pids() -> list[int]:

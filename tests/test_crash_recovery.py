@@ -211,6 +211,7 @@ def _consume_once(kafka: KafkaSettings, topic: str, expect: int) -> tuple[Counte
         consumer.shutdown()
 
 
+@pytest.mark.timeout(1500)  # four coordinator starts under traffic, minutes each under load
 def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
     kafka: KafkaSettings, checkpoint_dir: Path, tmp_path: Path, unique: str
 ) -> None:

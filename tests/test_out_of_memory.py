@@ -89,6 +89,7 @@ def _names(tmp_path: Path, broker: EmbeddedBroker) -> tuple[Topics, str, str, li
     return Topics.with_prefix(prefix), f"{prefix}real", f"{prefix}g", args
 
 
+@pytest.mark.timeout(900)  # a coordinator's start and a 270-MB burst on a loaded machine
 def test_a_held_burst_of_big_messages_costs_a_small_heap_nothing(
         broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path) -> None:
     topics, real, group, args = _names(tmp_path, broker)
@@ -98,7 +99,7 @@ def test_a_held_burst_of_big_messages_costs_a_small_heap_nothing(
     try:
         _halves(kafka, topics, group, real, bodies)
         wait_until(lambda: "batch 0:" in coordinator.output() or not coordinator.running,
-                   timeout_s=180)
+                   timeout_s=400)
         # Held; their commits come in later batches and touch the key that holds them all.
         _commits(kafka, topics, group, bodies)
         _released_intact(kafka, real, bodies, coordinator)
