@@ -16,25 +16,14 @@ must be on the session's class path before its JVM starts (:func:`connector_conf
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.batches import parts_p50, percentile
 from bench.cpu import CpuMeter
-from bench.floor import (
-    MAX_EXTRA_S,
-    MIN_BATCHES,
-    WARM_UP_S,
-    FloorResult,
-    _count,
-    batch_cost,
-    first_batch_ms,
-)
+from bench.floor import FloorResult, count_rows, floor_result, measure_span
 from bench.harness import logged_session
 from bench.workload import create_topics
 from txstream.errors import ConfigError
@@ -82,7 +71,7 @@ def _start(spark: Any, config: RunConfig, rows: int, source: str, sink: str, nam
              .option("maxOffsetsPerTrigger", rows).load()
              .selectExpr("CAST(key AS STRING) AS k", "value"))
     counted = keyed.groupBy("k").applyInPandasWithState(
-        _count, "k string, rows long", "rows long", "append",
+        count_rows, "k string, rows long", "rows long", "append",
         GroupStateTimeout.ProcessingTimeTimeout)
     return (counted.selectExpr("k AS key", "CAST(rows AS STRING) AS value").writeStream
             .format("kafka").option("kafka.bootstrap.servers", servers).option("topic", sink)
@@ -100,30 +89,9 @@ def measure_floor_kafka(config: RunConfig, rows: int, seconds: float, meter: Cpu
     spark, log = logged_session(config)
     checkpoint = tempfile.mkdtemp(prefix="txstream-bench-floor-kafka-")
     query = _start(spark, config, rows, source, sink, name, checkpoint)
-    try:
-        time.sleep(min(WARM_UP_S, seconds))
-        mark, start_ms = log.mark(), time.time() * 1000
-        time.sleep(seconds)
-        batches = log.of(name, mark)
-        extra_until = time.monotonic() + MAX_EXTRA_S
-        while len(batches) < MIN_BATCHES and time.monotonic() < extra_until:
-            time.sleep(0.5)
-            batches = log.of(name, mark)
-        end_ms = time.time() * 1000
-        first = first_batch_ms(log.of(name))
-    finally:
-        query.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
-    if not any(b.input_rows for b in batches):
+    span = measure_span(query, log, name, seconds, checkpoint)
+    if not any(b.input_rows for b in span.batches):
         raise ConfigError(f"Spark's Kafka source read nothing from {source} on "
-                          f"{config.kafka.bootstrap_servers} (tansu answers ListOffsets wrongly: "
-                          "measure it on Apache Kafka: txstream broker --kafka, then txstream "
-                          "bench --bootstrap-servers)")
-    use = meter.use(start_ms, end_ms, 0)
-    cores = use["cores"] if use else None
-    return FloorResult(
-        rows_per_batch=rows, seconds=seconds, batches=len(batches),
-        batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
-        batch_parts_ms_p50=parts_p50(batches), cores=cores,
-        cpu_ms_per_batch=batch_cost(cores, (end_ms - start_ms) / 1000, len(batches)),
-        first_batch_ms=first)
+                          f"{config.kafka.bootstrap_servers}: measure it on Apache Kafka "
+                          "(txstream broker --kafka, then txstream bench --bootstrap-servers)")
+    return floor_result(rows, seconds, span, meter)

@@ -37,14 +37,14 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from bench.batches import Batch, parts_p50, percentile
+from bench.batches import Batch, BatchLog, parts_p50, percentile
 from bench.cpu import CpuMeter
 from bench.harness import logged_session
 from txstream.streaming.engine.config import RunConfig
 
-__all__ = ["FloorResult", "measure_floor", "RowsSource", "NothingSink", "batch_cost",
-           "rows_per_batch", "first_batch_ms", "WARM_UP_S", "BATCH_S", "MIN_BATCHES",
-           "MAX_EXTRA_S"]
+__all__ = ["FloorResult", "Span", "measure_floor", "measure_span", "floor_result",
+           "count_rows", "RowsSource", "NothingSink", "batch_cost", "rows_per_batch",
+           "first_batch_ms", "WARM_UP_S", "BATCH_S", "MIN_BATCHES", "MAX_EXTRA_S"]
 
 WARM_UP_S = 20.0  # the floor query's first batches: JIT, Python workers, first plans
 MIN_BATCHES = 2  # a floor measured over fewer batches says nothing
@@ -65,7 +65,7 @@ class FloorResult:
     first_batch_ms: int | None = None
 
 
-def _count(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
+def count_rows(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
            ) -> Iterator[pd.DataFrame]:
     rows = sum(len(frame) for frame in frames)
     if not state.hasTimedOut:
@@ -161,7 +161,7 @@ def _start(spark: Any, config: RunConfig, rows_per_batch: int, checkpoint: str,
                  .option("rowsPerBatch", rows_per_batch).load()
                  .withColumn("k", (F.col("value") % config.buckets).cast("string")))
     counted = keyed.groupBy("k").applyInPandasWithState(
-        _count, "k string, rows long", "rows long", "append",
+        count_rows, "k string, rows long", "rows long", "append",
         GroupStateTimeout.ProcessingTimeTimeout)
     sink = NothingSink.name() if python_io else "noop"
     return (counted.writeStream.format(sink).outputMode("append").queryName(name)
@@ -192,6 +192,24 @@ def measure_floor(config: RunConfig, rows: int, seconds: float,
     name = f"bench-floor-{uuid.uuid4().hex[:6]}"
     checkpoint = tempfile.mkdtemp(prefix="txstream-bench-floor-")
     query = _start(spark, config, rows, checkpoint, name, python_io)
+    return floor_result(rows, seconds, measure_span(query, log, name, seconds, checkpoint),
+                        meter)
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a floor query did over its measured span."""
+
+    batches: list[Batch]
+    start_ms: float
+    end_ms: float
+    first_batch_ms: int | None
+
+
+def measure_span(query: Any, log: BatchLog, name: str, seconds: float,
+                 checkpoint: str) -> Span:
+    """Let ``query`` warm up (``WARM_UP_S``, or ``seconds`` if shorter), measure ``seconds``,
+    then stop it and remove its checkpoint."""
     try:
         time.sleep(min(WARM_UP_S, seconds))
         mark, start_ms = log.mark(), time.time() * 1000
@@ -203,19 +221,22 @@ def measure_floor(config: RunConfig, rows: int, seconds: float,
         while len(batches) < MIN_BATCHES and time.monotonic() < extra_until:
             time.sleep(0.5)
             batches = log.of(name, mark)
-        end_ms = time.time() * 1000
-        first = first_batch_ms(log.of(name))
+        return Span(batches, start_ms, time.time() * 1000, first_batch_ms(log.of(name)))
     finally:
         query.stop()
         shutil.rmtree(checkpoint, ignore_errors=True)
-    use = meter.use(start_ms, end_ms, 0)
+
+
+def floor_result(rows: int, seconds: float, span: Span, meter: CpuMeter) -> FloorResult:
+    use = meter.use(span.start_ms, span.end_ms, 0)
     cores = use["cores"] if use else None
+    batches = span.batches
     return FloorResult(
         rows_per_batch=rows, seconds=seconds, batches=len(batches),
         batch_ms_p50=percentile([b.duration_ms for b in batches], 0.5),
-        batch_parts_ms_p50=parts_p50(batches),
-        cores=cores, cpu_ms_per_batch=batch_cost(cores, (end_ms - start_ms) / 1000,
-                                                 len(batches)), first_batch_ms=first)
+        batch_parts_ms_p50=parts_p50(batches), cores=cores,
+        cpu_ms_per_batch=batch_cost(cores, (span.end_ms - span.start_ms) / 1000, len(batches)),
+        first_batch_ms=span.first_batch_ms)
 
 
 def first_batch_ms(batches: list[Batch]) -> int | None:

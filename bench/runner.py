@@ -264,9 +264,7 @@ def _ceiling(config: RunConfig, options: BenchOptions, result: dict[str, Any],
 def _floor(config: RunConfig, options: BenchOptions, result: dict[str, Any],
            meter: CpuMeter, say: Callable[[str], None]) -> None:
     """Spark's own per-batch cost at the offered rate (bench.floor)."""
-    rate = options.rate or result["offered_tx_per_s"] or FLOOR_RATE
-    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
-    rows = rows_per_batch(rate, (coordinator or {}).get("batches_per_s"))
+    rate, rows = _floor_rows(options, result)
     say(f"floor: a counting applyInPandasWithState between Spark's rate-micro-batch source "
         f"and noop sink, then between Python ones that do no I/O, {rows:,} rows a batch (at "
         f"{rate:,.0f} tx/s), {options.latency_seconds:.0f} s each")
@@ -278,12 +276,17 @@ def _floor(config: RunConfig, options: BenchOptions, result: dict[str, Any],
             f"{floor.cpu_ms_per_batch} ms CPU per batch")
 
 
+def _floor_rows(options: BenchOptions, result: dict[str, Any]) -> tuple[float, int]:
+    """The offered rate the floor queries stand for, and the rows a batch carries at it."""
+    rate = options.rate or result["offered_tx_per_s"] or FLOOR_RATE
+    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
+    return rate, rows_per_batch(rate, (coordinator or {}).get("batches_per_s"))
+
+
 def _connector(config: RunConfig, options: BenchOptions, result: dict[str, Any],
                meter: CpuMeter, say: Callable[[str], None]) -> None:
     """The floor's query through Spark's Kafka connector (bench.connector)."""
-    rate = options.rate or result["offered_tx_per_s"] or FLOOR_RATE
-    coordinator = _at_rate(result["latency"], result["cpu"].get("coordinator_at_rate"))
-    rows = rows_per_batch(rate, (coordinator or {}).get("batches_per_s"))
+    rate, rows = _floor_rows(options, result)
     say(f"connector: the floor's query between Spark's Kafka source and sink, {rows:,} rows "
         f"a batch (at {rate:,.0f} tx/s), {options.latency_seconds:.0f} s")
     floor = measure_floor_kafka(config, rows, options.latency_seconds, meter)
