@@ -246,3 +246,22 @@ def test_enter_on_a_terminal_brings_the_fault_now(tmp_path: Path,
     waiting.join(timeout=10)
     assert waited and waited[0] < 10, waited  # Enter brought it, not the 120 s
     os.close(writing)
+
+
+def test_the_final_chart_stays_up_on_a_terminal_until_enter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without --ui, or off a terminal, the run ends at once.
+    RecoveryDemo(RecoveryOptions(folder=tmp_path, key_press=True))._hold_console()
+    RecoveryDemo(RecoveryOptions(folder=tmp_path, ui_port=0))._hold_console()
+    reading, writing = os.pipe()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.FileIO(reading, "r")))
+    demo = RecoveryDemo(RecoveryOptions(folder=tmp_path, key_press=True, ui_port=0))
+    threading.Thread(target=demo._read_keys, daemon=True).start()
+    holding = threading.Thread(target=demo._hold_console)
+    holding.start()
+    time.sleep(1.0)
+    assert holding.is_alive()  # the console is held for the user
+    os.write(writing, b"\n")
+    holding.join(timeout=10)
+    assert not holding.is_alive()
+    os.close(writing)

@@ -182,7 +182,9 @@ class RecoveryDemo:
         stack.enter_context(live.printing())
         self._faults(settings, ledger, watch, live)
         self._drain(traffic, ledger, watch, consumer, live)
-        return self._finish(settings, ledger, watch, consumer, began, live)
+        code = self._finish(settings, ledger, watch, consumer, began, live)
+        self._hold_console()
+        return code
 
     def _console(self, stack: ExitStack, settings: KafkaSettings) -> None:
         # Only with --ui: the console's web framework is an extra a light install lacks.
@@ -193,14 +195,16 @@ class RecoveryDemo:
         server = start_console(self.o.folder, settings, self.o.topics, self.o.ui_port,
                                lambda: chart_page(self._final or chart(), bool(self._final)))
         stack.callback(server.close)
-        if self.o.key_press:  # on a terminal: the chart stays up once the run is over
-            stack.callback(self._hold_console)
         say(f"the console: {server.url}/ (this run's chart: {server.url}{RECOVERY_PATH})")
 
     def _hold_console(self) -> None:
+        """On a terminal with --ui, the final chart stays up until Enter (or Ctrl-C)."""
+        if self.o.ui_port is None or not self.o.key_press:
+            return
         say("the console stays up with the final chart: press Enter to stop it")
         self._enter.clear()
-        self._enter.wait()
+        while not self._enter.wait(0.5):  # a timed wait: Ctrl-C still interrupts it
+            pass
 
     def _chart_data(self, began: float, ledger: Ledger, watch: TopicWatch,
                     verdict: list[str]) -> dict[str, Any]:
