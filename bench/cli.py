@@ -73,6 +73,10 @@ def add_parser(sub: Any) -> None:
                         "phase are null")
     p.add_argument("--recovery-restarts", type=int, default=3, metavar="N",
                    help="SIGKILLs and restarts of the recovery phase (3; the median is given)")
+    p.add_argument("--sink-transactions", dest="sink_transactions", default=None,
+                   choices=("auto", "on", "off"),
+                   help="txstream run's --transactions (here a count): the sink's Kafka "
+                        "transactions, auto by default")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_run_arguments(p, sink_transactions=False)  # its --transactions is a count
     p.set_defaults(func=bench_command)
