@@ -53,7 +53,7 @@ from txstream.topics import Topics
 from txstream.wire import H, Record, pack_headers
 
 __all__ = ["Delivery", "RefusedRelease", "MissingTopic", "make_sink_producer", "missing_topic",
-           "wait_ms", "refused_by_broker", "restated_note", "Prepared"]
+           "wait_ms", "refused_by_broker", "unacknowledged", "restated_note", "Prepared"]
 
 _MAX_ERRORS_SHOWN = 3
 # A prepared row: the output row with its headers unpacked for the producer.
@@ -110,6 +110,24 @@ def refused_by_broker(exc: BaseException | None) -> bool:
     what it is: sending it again would be refused again."""
     return isinstance(exc, (MessageSizeTooLargeError, RecordListTooLargeError, InvalidTopicError,
                             InvalidRecordError, TopicAuthorizationFailedError, MissingTopic))
+
+
+def unacknowledged(futures: Iterable[tuple[Prepared, SendFuture]]
+                   ) -> tuple[list[tuple[Prepared, BaseException]],
+                              list[tuple[str, BaseException | None]]]:
+    """The flushed sends that did not succeed: those the broker refused for what they are
+    (:func:`refused_by_broker`), and the others by topic, with their error (None: no answer)."""
+    refused: list[tuple[Prepared, BaseException]] = []
+    failed: list[tuple[str, BaseException | None]] = []
+    for prepared, future in futures:
+        if future.succeeded():
+            continue
+        exc = future.exception if future.is_done else None
+        if exc is not None and refused_by_broker(exc):
+            refused.append((prepared, exc))
+        else:
+            failed.append((prepared[0].topic, exc))
+    return refused, failed
 
 
 def wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
@@ -236,23 +254,15 @@ class Delivery:
         """Flush; raise SendFailed unless every record sent was acknowledged or refused for
         what it is (then dead-lettered)."""
         self._flush()
-        failed = []
-        for prepared, future in self.futures:
-            if future.succeeded():
-                continue
-            exc = future.exception if future.is_done else None
-            if exc is not None and refused_by_broker(exc):
-                self.refused.append((prepared, exc))
-                self.counts[prepared[0].kind] -= 1
-            else:
-                failed.append((prepared[0].topic, future))
+        refused, failed = unacknowledged(self.futures)
+        for prepared, exc in refused:
+            self.refused.append((prepared, exc))
+            self.counts[prepared[0].kind] -= 1
         if failed:
             # An idempotent producer may be left in a fatal state: the next task gets another.
             self._drop_producer()
-            shown = "; ".join(
-                f"{topic}: {fut.exception if fut.is_done else 'no acknowledgement'}"
-                for topic, fut in failed[:_MAX_ERRORS_SHOWN]
-            )
+            shown = "; ".join(f"{topic}: {exc or 'no acknowledgement'}"
+                              for topic, exc in failed[:_MAX_ERRORS_SHOWN])
             raise SendFailed(f"{len(failed)} of {len(self.futures)} records were not "
                              f"acknowledged by the broker: {shown}")
         if self.refused:

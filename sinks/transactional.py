@@ -24,7 +24,13 @@ from txstream.kafka import KafkaSettings, Producer, cached_client, drop_cached_c
 from txstream.kafka.transactions import fenced, make_transactional_producer
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import Kind
-from txstream.sinks.delivery import Delivery, Prepared, refused_by_broker, restated_note, wait_ms
+from txstream.sinks.delivery import (
+    Delivery,
+    Prepared,
+    restated_note,
+    unacknowledged,
+    wait_ms,
+)
 from txstream.topics import Topics
 
 __all__ = ["TransactionalDelivery", "Fenced", "task_transactional_id"]
@@ -168,15 +174,8 @@ class TransactionalDelivery(Delivery):
         """Flush; the records refused for what they are. Raises SendFailed (or Fenced) if any
         other was not acknowledged."""
         self._flush()
-        failed = []
-        for prepared, future in self.futures:
-            if future.succeeded():
-                continue
-            exc = future.exception if future.is_done else None
-            if exc is not None and refused_by_broker(exc):
-                self.refused.append((prepared, exc))
-            else:
-                failed.append((prepared[0].topic, exc))
+        refused, failed = unacknowledged(self.futures)
+        self.refused.extend(refused)
         if failed:
             self._drop_producer()  # its transaction stays open: the next producer aborts it
             kind = Fenced if any(e is not None and fenced(e) for _, e in failed) else SendFailed
