@@ -69,7 +69,7 @@ class StandaloneCluster:
             try:
                 if _json(f"http://127.0.0.1:{self.ui_port}/json/").get("aliveworkers") == 1:
                     return self
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or an empty answer while it starts
                 pass
             time.sleep(0.5)
         self.stop()

@@ -319,3 +319,50 @@ def test_a_send_that_raised_before_sending_is_not_in_doubt() -> None:
     assert type(err) is SendFailed
     assert str(err) == ("half message of TX2 not sent: KafkaTimeoutError: Failed to update "
                         "metadata after 3.0 secs.")
+
+
+class _StubFuture:
+    def __init__(self, outcome: object) -> None:
+        self.outcome = outcome
+
+    def get(self, timeout: float) -> object:
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class _StubProducer:
+    """Answers each send with the next of ``outcomes`` (an error, or record metadata)."""
+
+    def __init__(self, *outcomes: object) -> None:
+        self.outcomes, self.sent = list(outcomes), 0
+
+    def send(self, topic: str, **_: object) -> _StubFuture:
+        self.sent += 1
+        return _StubFuture(self.outcomes.pop(0))
+
+
+@pytest.mark.parametrize("reset", [kafka_errors.OutOfOrderSequenceNumberError(),
+                                   kafka_errors.UnknownProducerIdError(),
+                                   kafka_errors.InvalidProducerEpochError()],
+                         ids=lambda e: type(e).__name__)
+def test_a_send_failed_by_the_producers_sequence_goes_out_once_more(
+        reset: BaseException) -> None:
+    """After a send in doubt kafka-python starts a new epoch and fails the next batch with a
+    sequence error: that record is sent again (a duplicate at worst, which the coordinator
+    drops), and a second failure is in doubt like any other."""
+    from txstream.client.producer import TransactionProducer
+    from txstream.wire import Record
+
+    p = TransactionProducer("g", "127.0.0.1:1", listener=None)
+    record = Record(topic="T", key=b"k", value=b"v", headers=())
+    p._producer = _StubProducer(reset, "stored")  # type: ignore[assignment]
+    assert p._send(record, "half message", "TX3") == "stored"
+    assert p._producer.sent == 2  # type: ignore[attr-defined]
+    p._producer = _StubProducer(reset, reset)  # type: ignore[assignment]
+    with pytest.raises(SendInDoubt, match="half message of TX3"):
+        p._send(record, "half message", "TX3")
+    p._producer = _StubProducer(  # type: ignore[assignment]
+        kafka_errors.KafkaTimeoutError("expired"), "stored")
+    with pytest.raises(SendInDoubt):  # a timeout is not sent again: the caller hears of it
+        p._send(record, "half message", "TX3")

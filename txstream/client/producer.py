@@ -32,7 +32,7 @@ from txstream.client.options import (
     resolve_topics,
     timeout_ms,
 )
-from txstream.client.send_errors import not_sent, send_failure
+from txstream.client.send_errors import not_sent, producer_state_reset, send_failure
 from txstream.client.validate import validate_message
 from txstream.errors import ClientStateError, SendFailed
 from txstream.kafka import KafkaSettings, Producer, RecordMetadata, make_producer
@@ -327,15 +327,21 @@ class TransactionProducer:
               ) -> RecordMetadata:
         """Send ``record`` and wait for its acknowledgement: SendFailed if it was not stored,
         SendInDoubt if it may have been."""
-        try:
-            assert self._producer is not None  # running: start() made it
-            future = self._producer.send(
-                record.topic, key=record.key, value=record.value, headers=list(record.headers)
-            )
-        except Exception as exc:  # before it was handed to the I/O thread
-            raise not_sent(exc, what, txid) from exc
-        try:
-            return future.get(timeout=self._send_timeout_ms / 1000 + 1)
-        except Exception as exc:
-            raise send_failure(exc, what, self.settings.bootstrap_servers,
-                               self._send_timeout_ms / 1000, txid, msg_id) from exc
+        for attempt in (1, 2):
+            try:
+                assert self._producer is not None  # running: start() made it
+                future = self._producer.send(
+                    record.topic, key=record.key, value=record.value, headers=list(record.headers)
+                )
+            except Exception as exc:  # before it was handed to the I/O thread
+                raise not_sent(exc, what, txid) from exc
+            try:
+                return future.get(timeout=self._send_timeout_ms / 1000 + 1)
+            except Exception as exc:
+                if attempt == 1 and producer_state_reset(exc):
+                    log.info("%s of %s met %s after a send in doubt: sending it again under "
+                             "the producer's new epoch", what, txid, type(exc).__name__)
+                    continue
+                raise send_failure(exc, what, self.settings.bootstrap_servers,
+                                   self._send_timeout_ms / 1000, txid, msg_id) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")

@@ -15,7 +15,8 @@ from __future__ import annotations
 from txstream.errors import SendFailed, SendInDoubt
 from txstream.kafka import errors as kafka_errors
 
-__all__ = ["REFUSED", "refused_for_sure", "not_sent", "send_failure"]
+__all__ = ["REFUSED", "PRODUCER_STATE", "refused_for_sure", "producer_state_reset",
+           "not_sent", "send_failure"]
 
 # The broker's answers that mean "not appended" (a produce request is checked for these before
 # anything is written). OutOfOrderSequenceNumber, ProducerFenced and the like are left out: they
@@ -33,6 +34,23 @@ REFUSED: tuple[type[BaseException], ...] = (
     kafka_errors.InvalidRequiredAcksError,
     kafka_errors.UnsupportedVersionError,
 )
+
+
+# The broker's answers about the producer's own sequence: an earlier batch expired in doubt
+# (its send timed out) and the next one no longer follows. kafka-python then starts a new
+# producer epoch (KIP-360) and fails the batch that met the error; the same record sent again
+# goes out under the new epoch. Sent twice, it reaches the coordinator as a duplicate.
+PRODUCER_STATE: tuple[type[BaseException], ...] = (
+    kafka_errors.OutOfOrderSequenceNumberError,
+    kafka_errors.UnknownProducerIdError,
+    kafka_errors.InvalidProducerEpochError,
+)
+
+
+def producer_state_reset(exc: BaseException) -> bool:
+    """Whether ``exc`` failed a send because the producer's sequence was reset: worth one
+    more send of the same record."""
+    return isinstance(exc, PRODUCER_STATE)
 
 
 def refused_for_sure(exc: BaseException) -> bool:

@@ -33,6 +33,8 @@ __all__ = [
     "UnsupportedVersionError",
     "ProducerFencedError",
     "InvalidProducerEpochError",
+    "OutOfOrderSequenceNumberError",
+    "UnknownProducerIdError",
     "TransactionAbortedError",
     "for_code",
 ]
@@ -66,6 +68,10 @@ UnsupportedVersionError: ErrorClass = _errors.UnsupportedVersionError
 # A transactional producer whose id a newer producer took (txstream.kafka.transactions).
 ProducerFencedError: ErrorClass = _errors.ProducerFencedError
 InvalidProducerEpochError: ErrorClass = _errors.InvalidProducerEpochError
+# An idempotent producer's sequence the broker does not follow (after a batch that expired in
+# doubt): kafka-python bumps its epoch and fails that batch (txstream.client.send_errors).
+OutOfOrderSequenceNumberError: ErrorClass = _errors.OutOfOrderSequenceNumberError
+UnknownProducerIdError: ErrorClass = _errors.UnknownProducerIdError
 TransactionAbortedError: ErrorClass = _errors.TransactionAbortedError
 
 
