@@ -1,28 +1,24 @@
-"""A Spark standalone cluster from pyspark's own distribution: a master and a worker on loopback,
-and the coordinator submitted to it with spark-submit, as a user deploys it."""
+"""A Spark standalone cluster from pyspark's own distribution, as the product starts one
+(:mod:`txstream.streaming.cli.spark_standalone`, which ``txstream demo --recovery --cluster``
+uses), its ports from the test worker's range; the coordinator submitted to it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from txstream.streaming.cli import spark_standalone
+from txstream.streaming.cli.spark_standalone import executor_pids, spark_home, submit_command
+
 from ports import reserve_port
-from process_helpers import CoordinatorProcess, descendants
+from process_helpers import CoordinatorProcess
 
 __all__ = ["SPARK_HOME", "StandaloneCluster", "submit_command", "executor_pids", "ui_json"]
 
-SPARK_HOME = Path(__import__("pyspark").__file__).parent
-# The application file spark-submit runs: the txstream command's entry module.
-APPLICATION = str(Path(importlib.util.find_spec("txstream.streaming.cli.__main__").origin))
+SPARK_HOME = spark_home()
 
 
 def _json(url: str, timeout_s: float = 3.0) -> Any:
@@ -36,86 +32,11 @@ def ui_json(port: int, path: str) -> Any:
     return _json(f"http://127.0.0.1:{port}/api/v1/{path}", timeout_s=30.0)
 
 
-class StandaloneCluster:
-    """``spark-class ...Master`` and ``...Worker`` (2 cores, 3 GB), each in its own process
-    group, their logs and the worker's directory under ``root``."""
+class StandaloneCluster(spark_standalone.StandaloneCluster):
+    """The product's standalone cluster (2 cores, 3 GB), its ports from this worker's range."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port, self.ui_port, self.worker_ui_port = (reserve_port() for _ in range(3))
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
-
-    def _spawn(self, name: str, args: Sequence[str]) -> None:
-        env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_NO_DAEMONIZE": "1"}
-        with open(self.root / f"{name}.log", "ab") as log:
-            self.procs.append(subprocess.Popen(
-                [str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True))
-
-    def start(self, timeout_s: float = 90.0) -> StandaloneCluster:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(self.port), "--webui-port", str(self.ui_port)])
-        self._spawn("worker", ["org.apache.spark.deploy.worker.Worker", self.url, "--cores", "2",
-                               "--memory", "3g", "--host", "127.0.0.1", "--webui-port",
-                               str(self.worker_ui_port), "--work-dir", str(self.root / "work")])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if _json(f"http://127.0.0.1:{self.ui_port}/json/").get("aliveworkers") == 1:
-                    return self
-            except (OSError, ValueError):  # not listening yet, or an empty answer while it starts
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"no live worker within {timeout_s:.0f} s; see {self.root}")
-
-    def applications(self) -> list[dict[str, Any]]:
-        """The master's view of the running applications."""
-        return list(_json(f"http://127.0.0.1:{self.ui_port}/json/").get("activeapps", []))
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=30)
-        self.procs = []
-
-
-def submit_command(cluster: StandaloneCluster, *conf: str) -> list[str]:
-    """``spark-submit --master <cluster> [--conf ...] <txstream> run``, the executors on this
-    interpreter (the venv txstream is installed in)."""
-    confs = [c for pair in (("spark.pyspark.python", sys.executable),
-                            ("spark.executor.memory", "1g"), *(x.split("=", 1) for x in conf))
-             for c in ("--conf", f"{pair[0]}={pair[1]}")]
-    return [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url, *confs,
-            APPLICATION, "run"]
-
-
-def executor_pids(cluster: StandaloneCluster) -> list[int]:
-    """The executor JVMs ``cluster``'s worker runs (``CoarseGrainedExecutorBackend``, working
-    in its work directory): never another cluster's on the same machine."""
-    out = []
-    work = str(cluster.root / "work")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if any(b"CoarseGrainedExecutorBackend" in a for a in argv) and cwd.startswith(work):
-            out.append(int(entry))
-    return out
+        super().__init__(root, port=reserve_port)
 
 
 def started_coordinator(process: CoordinatorProcess, timeout_s: float = 180.0) -> float:

@@ -198,3 +198,39 @@ def test_ctrl_c_stops_everything_the_recovery_demo_started(tmp_path: Path) -> No
     assert f"its folder stays: {folder}" in out
     wait_until(lambda: not _marked(mark), timeout_s=10)
     assert (folder / "checkpoint" / "commits").is_dir()
+
+
+@pytest.mark.cluster  # its own standalone cluster: in the cluster tests' group, not beside them
+@pytest.mark.timeout(DEMO_LIMIT_S + 180)
+def test_the_recovery_demo_on_a_standalone_cluster_kills_an_executor_and_the_driver(
+    kafka: KafkaSettings, tmp_path: Path, record_property: Any
+) -> None:
+    """``--cluster``: a master and a worker of pyspark's distribution, the coordinator
+    spark-submitted to them; the executor SIGKILLed, then the driver; lost 0, doubled 0, and
+    the cluster stopped with the rest."""
+    mark, folder = uuid.uuid4().hex, tmp_path / "cluster-demo"
+    env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "txstream.streaming.cli", "demo", "--recovery", "--cluster",
+         *SMALL, *_own_topics(kafka, folder)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=DEMO_LIMIT_S + 120)
+    out, took = proc.stdout, time.monotonic() - started
+    print(out)
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"cluster up at spark://127\.0\.0\.1:\d+; the coordinator is "
+                     r"spark-submitted to it", out)
+    # The default faults on a cluster: the executor, then the driver.
+    assert out.index("*** EXECUTOR KILLED") < out.index("*** CRASH 1: SIGKILL")
+    killed = re.search(r"executor killed at \S+ \(SIGKILL, pids [\d, ]+\): a new one after "
+                       r"[\d.]+ s(; the coordinator failed its batch and was restarted \d+ "
+                       r"times?)?; caught up [\d.]+ s after", out)
+    assert killed, out[-4000:]
+    assert re.search(r"released (\d+) of \1 committed: lost 0, doubled 0", out)
+    assert "PASS: lost 0, doubled 0, pending 0" in out
+    assert re.search(r"the coordinator is spark-submitted", out)
+    assert (folder / "cluster" / "master.log").is_file()  # the cluster's logs stay with it
+    wait_until(lambda: not _marked(mark), timeout_s=20)  # master, worker, executors: stopped
+    record_property("report", f"recovery demo on a standalone cluster: {took:.0f} s; "
+                              f"{killed.group(0)}")

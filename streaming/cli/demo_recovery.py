@@ -10,11 +10,13 @@ from the same checkpoint. A line a second says what was sent, committed, release
 and pending, and the coordinator's state. At the end: the verdict from the real topic and the
 producers' own records, the story of a transaction the crash cut short, and a picture of the
 run (an HTML page beside the checkpoint). It stops all it started, also on Ctrl-C, and keeps
-its folder.
+its folder. With ``--cluster`` the coordinator is spark-submitted to a standalone cluster of
+pyspark's own distribution, and an executor is killed as well as the driver.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -31,16 +33,24 @@ from txstream.kafka.provision import coordinator_topics, ensure_topics, topic_sp
 from txstream.kafka_broker import KafkaBroker
 from txstream.streaming.cli.coordinator_process import CoordinatorProcess, batch_ids
 from txstream.streaming.cli.recovery_chart import chart_data, write_chart
-from txstream.streaming.cli.recovery_crash import Crash, Pause, crash_mid_batch, pause_broker
+from txstream.streaming.cli.recovery_crash import (
+    Crash,
+    Pause,
+    crash_mid_batch,
+    kill_executors,
+    pause_broker,
+)
 from txstream.streaming.cli.recovery_ledger import Ledger
 from txstream.streaming.cli.recovery_live import Live, say
 from txstream.streaming.cli.recovery_story import story_lines
 from txstream.streaming.cli.recovery_traffic import ReleaseConsumer, Traffic
 from txstream.streaming.cli.recovery_verdict import judge, verdict_lines
 from txstream.streaming.cli.recovery_watch import Release, TopicWatch
+from txstream.streaming.cli.spark_standalone import StandaloneCluster, submit_command
 from txstream.topics import Topics
 
-__all__ = ["RecoveryOptions", "RecoveryDemo", "Launch", "DemoFailed", "local_launch"]
+__all__ = ["RecoveryOptions", "RecoveryDemo", "Launch", "DemoFailed", "local_launch",
+           "cluster_launch"]
 
 # How the demo starts a coordinator: ``txstream run ARGS``, its output to the log file.
 Launch = Callable[[list[str], Path], CoordinatorProcess]
@@ -48,6 +58,15 @@ Launch = Callable[[list[str], Path], CoordinatorProcess]
 
 def local_launch(args: list[str], log: Path) -> CoordinatorProcess:
     return CoordinatorProcess(args, log)
+
+
+def cluster_launch(cluster: StandaloneCluster) -> Launch:
+    """``txstream run`` spark-submitted to ``cluster`` (client mode: the driver is the tree's)."""
+    def launch(args: list[str], log: Path) -> CoordinatorProcess:
+        return CoordinatorProcess(args, log, command=submit_command(
+            cluster, "spark.ui.enabled=false"), cwd=log.parent)
+
+    return launch
 
 
 class DemoFailed(TxStreamError):
@@ -75,6 +94,7 @@ class RecoveryOptions:
     timeout_s: float = 600.0
     key_press: bool = False
     ui_port: int | None = None  # the console's port (--ui); None: no console
+    cluster: bool = False  # spark-submit to a standalone cluster of the demo's
 
     @property
     def checkpoint(self) -> Path:
@@ -89,6 +109,9 @@ class RecoveryDemo:
         self.launch = launch
         self.broker: EmbeddedBroker | KafkaBroker | None = None
         self.coordinator: CoordinatorProcess | None = None
+        self.cluster: StandaloneCluster | None = None
+        self._settings: KafkaSettings | None = None
+        self._supervised: Pause | None = None  # a fault whose coordinator exit is restarted
         self.started = 0
         self.crashes: list[Crash] = []
         self.pauses: list[Pause] = []
@@ -113,6 +136,15 @@ class RecoveryDemo:
         say(f"broker listening on {self.broker.bootstrap_servers}")
         return KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers)
 
+    def _start_cluster(self, stack: ExitStack) -> None:
+        say("starting a Spark standalone cluster from pyspark's distribution (a master, a "
+            "worker of 2 cores)")
+        self.cluster = StandaloneCluster(self.o.folder / "cluster")
+        stack.callback(self.cluster.stop)
+        self.cluster.start()
+        self.launch = cluster_launch(self.cluster)
+        say(f"cluster up at {self.cluster.url}; the coordinator is spark-submitted to it")
+
     def _start_coordinator(self, settings: KafkaSettings) -> None:
         self.started += 1
         args = ["--bootstrap-servers", settings.bootstrap_servers, "--checkpoint-dir",
@@ -131,9 +163,21 @@ class RecoveryDemo:
 
     def _check_coordinator(self) -> None:
         coordinator = self.coordinator
-        if coordinator is not None and not coordinator.running:
-            tail = coordinator.output()[-2000:]
+        if coordinator is None or coordinator.running:
+            return
+        tail = coordinator.output()[-2000:]
+        supervised = self._supervised
+        if supervised is None or self._settings is None:
             raise DemoFailed(f"the coordinator exited on its own:\n{tail}")
+        # An executor lost with shuffle output fails the batch: no stage runs again within a
+        # batch (docs/semantics.md); it runs again from the checkpoint once the coordinator is
+        # restarted, which the demo does as a supervisor would.
+        failed = re.search(r"coordinator failed: ([^\n]{0,160})", tail)
+        supervised.restarts += 1
+        say(f"*** the coordinator stopped the batch ({failed.group(1) if failed else 'exited'}"
+            "...): a stage is not run again within a batch; restarted from the checkpoint, "
+            "as a supervisor would")
+        self._start_coordinator(self._settings)
 
     def _wait(self, done: Callable[[], bool], what: str, interval_s: float = 0.2) -> bool:
         """Wait for ``done``, the coordinator watched meanwhile; False at the demo's timeout."""
@@ -151,12 +195,14 @@ class RecoveryDemo:
         o = self.o
         o.folder.mkdir(parents=True, exist_ok=True)
         say(f"the demo's folder (kept at the end): {o.folder}")
-        settings = self._connect(stack)
+        settings = self._settings = self._connect(stack)
         wait_for_broker(settings, timeout_s=60)
         ensure_topics(settings, [topic_spec("real", o.topic), *coordinator_topics(o.topics)],
                       "txstream topics create")
         ledger = Ledger(o.folder / "local-transactions.sqlite")
         stack.callback(ledger.close)
+        if o.cluster:  # stopped after the coordinator: the stack unwinds last in, first out
+            self._start_cluster(stack)
         stack.callback(self._stop_coordinator)
         self._start_coordinator(settings)
         traffic = Traffic(settings, o.topics, group=o.group, topic=o.topic, ledger=ledger,
@@ -228,6 +274,8 @@ class RecoveryDemo:
             self._moment(fault)
             if fault == "pause":
                 self._pause(ledger, watch, live)
+            elif fault == "executor":
+                self._kill_executor(ledger, watch, live)
             else:
                 self._crash(settings, ledger, watch, live)
 
@@ -288,6 +336,23 @@ class RecoveryDemo:
         live.mark("*** broker back (SIGCONT)")
         owed = ledger.told_commits_before(pause.until)
         pause.caught_up_at = self._caught_up(owed, watch, pause.until, live)
+
+    def _kill_executor(self, ledger: Ledger, watch: TopicWatch, live: Live) -> None:
+        assert self.cluster is not None
+        live.mark("*** EXECUTOR KILLED: SIGKILL of the worker's executors, tasks and all")
+        killed = kill_executors(self.cluster)
+        if killed is None:
+            live.mark("no executor was running: nothing killed")
+            return
+        self.pauses.append(killed)
+        live.state = "recovering"
+        live.mark(f"*** the worker runs a new executor, {killed.until - killed.at:.1f} s after")
+        owed = ledger.told_commits_before(killed.until)
+        self._supervised = killed
+        try:
+            killed.caught_up_at = self._caught_up(owed, watch, killed.until, live)
+        finally:
+            self._supervised = None
 
     # --- the end ------------------------------------------------------------------------------
 

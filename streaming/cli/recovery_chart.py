@@ -49,8 +49,8 @@ def _marks(crashes: Sequence[Crash], pauses: Sequence[Pause], t0: float) -> list
         add("first_release", c.first_release_at, "first release")
         add("caught_up", c.caught_up_at, "caught up")
     for p in pauses:
-        add("pause", p.at, "broker paused")
-        add("resume", p.until, "broker back")
+        add("pause" if p.kind == "broker" else "executor_killed", p.at, p.label)
+        add("resume" if p.kind == "broker" else "executor_back", p.until, p.back_label)
         add("caught_up", p.caught_up_at, "caught up")
     return sorted(marks, key=lambda m: m["t"])
 
@@ -58,12 +58,14 @@ def _marks(crashes: Sequence[Crash], pauses: Sequence[Pause], t0: float) -> list
 def _spans(crashes: Sequence[Crash], pauses: Sequence[Pause], t0: float
            ) -> list[dict[str, Any]]:
     """Shaded spans: down (crash to restart), recovering (restart, or the broker back, to
-    caught up), paused (the broker stopped)."""
+    caught up), paused (the broker stopped), executor (no executor until the worker ran a new
+    one)."""
     spans = []
     for begin, end, kind in [
             *((c.at, c.restart_at, "down") for c in crashes),
             *((c.restart_at, c.caught_up_at, "recovering") for c in crashes),
-            *((p.at, p.until, "paused") for p in pauses),
+            *((p.at, p.until, "paused" if p.kind == "broker" else "executor")
+              for p in pauses),
             *((p.until, p.caught_up_at, "recovering") for p in pauses)]:
         if begin is not None and end is not None:
             spans.append({"kind": kind, "from": round(begin - t0, 3), "to": round(end - t0, 3)})
@@ -94,7 +96,8 @@ def _y(v: float, top: int) -> float:
 
 def _bands(data: dict[str, Any]) -> list[str]:
     n, out = data["seconds"], []
-    colors = {"down": "#d62728", "recovering": "#ff7f0e", "paused": "#9467bd"}
+    colors = {"down": "#d62728", "recovering": "#ff7f0e", "paused": "#9467bd",
+              "executor": "#8c564b"}
     for band in data["bands"]:
         x0, x1 = _x(band["from"], n), _x(band["to"], n)
         out.append(f'<rect class="band {band["kind"]}" x="{x0:.1f}" y="{_T}" '
@@ -121,7 +124,8 @@ def _series(data: dict[str, Any], top: int) -> list[str]:
 def _mark_lines(data: dict[str, Any]) -> list[str]:
     n, out = data["seconds"], []
     colors = {"crash": "#d62728", "restart": "#ff7f0e", "first_release": "#1f77b4",
-              "caught_up": "#2ca02c", "pause": "#9467bd", "resume": "#9467bd"}
+              "caught_up": "#2ca02c", "pause": "#9467bd", "resume": "#9467bd",
+              "executor_killed": "#8c564b", "executor_back": "#8c564b"}
     for i, m in enumerate(data["marks"]):
         x = _x(m["t"], n)
         label = html.escape(m["label"])

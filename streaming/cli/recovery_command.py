@@ -29,7 +29,7 @@ from txstream.topics import Topics
 
 __all__ = ["add_recovery_arguments", "recovery_command", "recovery_options", "FAULTS"]
 
-FAULTS = ("kill", "pause")
+FAULTS = ("kill", "pause", "executor")
 
 
 def add_recovery_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +40,10 @@ def add_recovery_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=float, default=5.0, help="transactions a second (5)")
     g.add_argument("--kill-after", type=float, default=10.0, metavar="SECONDS",
                    help="traffic before each fault (10; Enter on a terminal: now)")
-    g.add_argument("--faults", default="kill", metavar="LIST",
+    g.add_argument("--faults", default=None, metavar="LIST",
                    help="the faults, in order: kill (the coordinator), pause (the demo's "
-                        "broker); e.g. kill,kill,pause (default kill)")
+                        "broker), executor (with --cluster); e.g. kill,kill,pause (default "
+                        "kill; --cluster: executor,kill)")
     g.add_argument("--down", type=float, default=3.0, metavar="SECONDS",
                    help="how long the coordinator stays down before its restart (3)")
     g.add_argument("--pause", type=float, default=5.0, metavar="SECONDS",
@@ -58,6 +59,9 @@ def add_recovery_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kafka", action="store_true",
                    help="run on Apache Kafka (1 KRaft node, jars from the set-up) instead of "
                         "the embedded tansu")
+    g.add_argument("--cluster", action="store_true",
+                   help="spark-submit the coordinator to a Spark standalone cluster of "
+                        "pyspark's own distribution (a master and a worker on loopback)")
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -70,7 +74,7 @@ def _faults(text: str) -> tuple[str, ...]:
 
 def _folder(args: argparse.Namespace, stamp: str) -> Path:
     if args.checkpoint_dir:
-        return Path(args.checkpoint_dir)
+        return Path(args.checkpoint_dir).resolve()  # the coordinator may run elsewhere (cwd)
     root = DEFAULT_CHECKPOINT_ROOT
     if root.is_dir() and os.access(root, os.W_OK):
         return root / f"recovery-{stamp}"
@@ -79,7 +83,10 @@ def _folder(args: argparse.Namespace, stamp: str) -> Path:
 
 def recovery_options(args: argparse.Namespace) -> RecoveryOptions:
     """The options of the parsed flags (checked before anything starts)."""
-    faults = _faults(args.faults)
+    faults = _faults(args.faults or ("executor,kill" if args.cluster else "kill"))
+    if "executor" in faults and not args.cluster:
+        raise ConfigError("--faults executor kills a standalone cluster's executor: with "
+                          "--cluster")
     if args.rate <= 0 or args.producers < 1:
         raise ConfigError("--rate must be above 0 and --producers at least 1")
     if "pause" in faults and args.bootstrap_servers:
@@ -103,7 +110,7 @@ def recovery_options(args: argparse.Namespace) -> RecoveryOptions:
                 args.check_interval, "--trigger", args.trigger),
         timeout_s=args.timeout if args.timeout is not None else 600.0,
         key_press=sys.stdin is not None and sys.stdin.isatty(),
-        ui_port=args.ui_port if args.ui else None)
+        ui_port=args.ui_port if args.ui else None, cluster=args.cluster)
 
 
 def recovery_command(args: argparse.Namespace, launch: Launch = local_launch) -> int:

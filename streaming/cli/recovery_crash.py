@@ -1,5 +1,5 @@
-"""The recovery demo's faults: the coordinator SIGKILLed in the middle of a micro-batch, and the
-broker paused.
+"""The recovery demo's faults: the coordinator SIGKILLed in the middle of a micro-batch, the
+broker paused, and (on a standalone cluster) the executors SIGKILLed.
 
 In the middle of a micro-batch means: the checkpoint has planned batch N (``offsets/N``) and not
 committed it (no ``commits/N``), and the real topic already holds some of N's releases. The
@@ -29,8 +29,9 @@ from txstream.streaming.cli.coordinator_process import (
     in_flight_batch,
 )
 from txstream.streaming.cli.recovery_watch import Release
+from txstream.streaming.cli.spark_standalone import StandaloneCluster, executor_pids
 
-__all__ = ["Crash", "Pause", "crash_mid_batch", "pause_broker"]
+__all__ = ["Crash", "Pause", "crash_mid_batch", "pause_broker", "kill_executors"]
 
 Ends = dict[tuple[str, int], int]
 
@@ -66,11 +67,24 @@ class Crash:
 
 @dataclass
 class Pause:
-    """The broker stopped (SIGSTOP) and continued, and when the coordinator caught up."""
+    """A fault the coordinator rode out without a restart, and when it caught up: the broker
+    stopped (SIGSTOP) until it continued (``kind`` "broker"), or the executors killed until
+    the worker ran a new one ("executor")."""
 
     at: float
     until: float
     caught_up_at: float | None = None
+    kind: str = "broker"
+    killed: tuple[int, ...] = ()  # the executors' pids
+    restarts: int = 0  # the coordinator failed its batch and was restarted
+
+    @property
+    def label(self) -> str:
+        return "broker paused" if self.kind == "broker" else "executor killed"
+
+    @property
+    def back_label(self) -> str:
+        return "broker back" if self.kind == "broker" else "new executor"
 
 
 def _sum(ends: Ends, topic: str) -> int:
@@ -153,3 +167,24 @@ def pause_broker(broker: EmbeddedBroker | KafkaBroker, seconds: float) -> Pause:
         finally:
             os.kill(pid, signal.SIGCONT)
     return Pause(at, time.time())
+
+
+def kill_executors(cluster: StandaloneCluster, timeout_s: float = 120.0) -> Pause | None:
+    """SIGKILL the cluster's executor JVMs, whatever tasks they run; returns once the worker
+    runs a new one (``until``), None if there was none to kill. Their Python workers end with
+    their JVM's connection."""
+    killed = executor_pids(cluster)
+    if not killed:
+        return None
+    at = time.time()
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while not [p for p in executor_pids(cluster) if p not in killed]:
+        if time.monotonic() > deadline:
+            break  # the demo goes on: the verdict and the catch-up say the rest
+        time.sleep(0.2)
+    return Pause(at, time.time(), kind="executor", killed=tuple(killed))

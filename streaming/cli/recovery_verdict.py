@@ -119,9 +119,14 @@ def verdict_lines(v: Verdict, real_topic: str, crashes: Sequence[Crash],
         lines.append(f"  crash {crash.number} at {clock(crash.at)} (SIGKILL, {crash.processes} "
                      f"processes): {crash.describe()}")
         lines.append(_recovery_line(crash))
-    lines += [f"  broker paused {clock(p.at)} for {p.until - p.at:.1f} s; caught up "
-              + ("-" if p.caught_up_at is None else f"{p.caught_up_at - p.until:.1f} s")
-              + " after it came back" for p in pauses]
+    for p in pauses:
+        caught = "-" if p.caught_up_at is None else f"{p.caught_up_at - p.until:.1f} s"
+        what = (f"broker paused at {clock(p.at)} for {p.until - p.at:.1f} s" if p.kind == "broker"
+                else f"executor killed at {clock(p.at)} (SIGKILL, pids "
+                     f"{', '.join(map(str, p.killed))}): a new one after {p.until - p.at:.1f} s")
+        restarted = (f"; the coordinator failed its batch and was restarted {p.restarts} time"
+                     f"{'s' if p.restarts > 1 else ''}" if p.restarts else "")
+        lines.append(f"  {what}{restarted}; caught up {caught} after")
     lines.append("PASS: lost 0, doubled 0, pending 0" if v.ok
                  else "FAIL: " + "; ".join(v.failures()))
     return lines
