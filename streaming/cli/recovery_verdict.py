@@ -121,12 +121,15 @@ def verdict_lines(v: Verdict, real_topic: str, crashes: Sequence[Crash],
         lines.append(_recovery_line(crash))
     for p in pauses:
         caught = "-" if p.caught_up_at is None else f"{p.caught_up_at - p.until:.1f} s"
-        what = (f"broker paused at {clock(p.at)} for {p.until - p.at:.1f} s" if p.kind == "broker"
-                else f"executor killed at {clock(p.at)} (SIGKILL, pids "
-                     f"{', '.join(map(str, p.killed))}): a new one after {p.until - p.at:.1f} s")
+        if p.kind == "broker":
+            lines.append(f"  broker paused {clock(p.at)} for {p.until - p.at:.1f} s; caught up "
+                         f"{caught} after it came back")
+            continue
         restarted = (f"; the coordinator failed its batch and was restarted {p.restarts} time"
                      f"{'s' if p.restarts > 1 else ''}" if p.restarts else "")
-        lines.append(f"  {what}{restarted}; caught up {caught} after")
+        lines.append(f"  executor killed at {clock(p.at)} (SIGKILL, pids "
+                     f"{', '.join(map(str, p.killed))}): a new one after "
+                     f"{p.until - p.at:.1f} s{restarted}; caught up {caught} after")
     lines.append("PASS: lost 0, doubled 0, pending 0" if v.ok
                  else "FAIL: " + "; ".join(v.failures()))
     return lines
