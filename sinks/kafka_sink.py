@@ -266,7 +266,8 @@ def _send_in_transaction(options: SinkOptions, ready: list[Prepared],
         if suspected or attempt:
             delivery.renew()
         rows = ready
-        if options.replay_check and (suspected or attempt):
+        if options.replay_check and (suspected or (attempt and _committed_before(options,
+                                                                                  ready))):
             rows = _not_yet_written(options, ready)
         delivery.send(_with_bodies(options, rows))
         try:
@@ -277,6 +278,21 @@ def _send_in_transaction(options: SinkOptions, ready: list[Prepared],
                 raise
             log.info("transactional id %s was taken by another producer; taking it back", txid)
     raise AssertionError("unreachable")
+
+
+def _committed_before(options: SinkOptions, ready: list[Prepared]) -> bool:
+    """Whether another attempt of this task committed its transaction: looked for by one of
+    its records only. A fenced producer's task has just fenced every other in turn, and a
+    transaction is all or nothing; every attempt that committed left all of the task's
+    records visible (it wrote what earlier ones had not). So one record absent means none of
+    them was written, and the full read-back (some hundreds of ms a task on Apache Kafka) is
+    left to tasks that may be replays. A fence is mostly the partition's task of an earlier
+    batch run by another worker process (docs/decisions/0032-transactions.md)."""
+    for prepared in ready:
+        row = prepared[0]
+        if row.record_id is not None and row.batch_ms is not None:
+            return len(_not_yet_written(options, [prepared])) == 0
+    return False
 
 
 class KafkaRecordWriter(DataSourceStreamArrowWriter):

@@ -131,17 +131,17 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: 
              keyed: bool = False) -> set[str]:
     """``header`` values (record ids, or transaction ids) of ``wanted`` found on their topics,
     each topic read back to ``since_ms``."""
-    probe = EndProbe(settings, role="sink")
-    consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK)
+    # The process's clients, kept for the next task's check: making them costs a round trip
+    # or three (~150 ms on Apache Kafka), more than most checks' reading.
+    key = repr(sorted(settings.as_dict().items()))
+    probe = EndProbe(settings, role="sink", kept_as=("replay-ends", key))
+    consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK,
+                                kept_as=("replay", key))
     found: set[str] = set()
-    try:
-        for topic, ids in wanted.items():
-            # A topic that does not exist yet holds nothing (the sink's first write creates it).
-            ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
-            for (_, partition), end in sorted(ends.items()):
-                found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                         since_ms, header, counts, keyed)
-    finally:
-        probe.close()
-        consumers.close()
+    for topic, ids in wanted.items():
+        # A topic that does not exist yet holds nothing (the sink's first write creates it).
+        ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
+        for (_, partition), end in sorted(ends.items()):
+            found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
+                                     since_ms, header, counts, keyed)
     return found

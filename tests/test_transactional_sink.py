@@ -180,6 +180,38 @@ def test_a_producer_fenced_by_another_takes_its_id_back(
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released"]
 
 
+def test_a_fenced_task_finds_what_another_attempt_of_it_committed(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    # Two worker processes, one transactional id: this process's producer (kept in the
+    # process's cache) is fenced by another's that committed this very task (a zombie's
+    # view: the task was run again elsewhere). Its one-record look finds the other's commit
+    # and the full check writes nothing twice.
+    from txstream.kafka import clients
+
+    settings = apache_kafka_settings
+    topics, real = _topics(settings, unique)
+    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                          dead_letter_topic=topics.dead_letter)
+    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    rows = _rows(real, topics, n=3)
+    send_rows(options, rows[:2])  # an earlier batch: this process's producer, kept
+    [key] = [k for k in clients._CACHED if k[0] == "sink-tx" and k[1].startswith(
+        f"txstream-{unique}")]
+    ours = clients._CACHED.pop(key)
+    try:
+        other = send_rows(options, rows[2:])  # the other process: a new producer, committed
+        assert other.counts == {Kind.VISIBLE: 2, Kind.HISTORY: 2}
+    finally:
+        clients.drop_cached_client(key)
+        clients._CACHED[key] = ours  # back in this process, its producer fenced
+    again = send_rows(options, rows[2:])
+    assert again.already_written == 4 and again.counts == {}
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1",
+                                                                  b"body 2"]
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
+
+
 def test_the_coordinator_on_apache_kafka_releases_in_transactions(
         spark: Any, apache_kafka_settings: KafkaSettings, unique: str, tmp_path: Any) -> None:
     # End to end: --transactions auto probes the broker, keeps the answer in the checkpoint
