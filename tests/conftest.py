@@ -32,7 +32,7 @@ from ports import reserve_port
 
 # Fixture -> the marker it gives every test that uses it (directly or through other fixtures).
 FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": "cluster",
-                 "broker": "kafka", "kafka": "kafka", "own_broker": "kafka",
+                 "broker": "kafka", "kafka": "kafka", "own_broker": "kafka", "tansu": "kafka",
                  "apache_kafka": "kafka", "apache_kafka_settings": "kafka",
                  "own_kafka_cluster": "kafka", "broker_processes": "kafka"}
 # Markers of tests that need Spark or a broker: the fast tier is everything else.
@@ -124,10 +124,39 @@ def _tier_walls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(subprocess.Popen, "__init__", checked)
 
 
+# The broker tier's broker: Apache Kafka, what users run (TXSTREAM_TEST_BROKER=tansu: the
+# embedded tansu instead). The smoke of tansu, the default that ``make run`` starts, is kept
+# by the tests that start it themselves (the demo, the seed example, ``own_broker``) and by
+# those that take the ``tansu`` fixture.
+TEST_BROKER = os.environ.get("TXSTREAM_TEST_BROKER", "kafka")
+# Topic defaults as tansu's, which the tests' own topics were written against: four partitions
+# for a topic created on first use, and no size limit that a test does not set itself (a half
+# message of RocketMQ's largest body, 4 MiB, goes through). The size-limit paths run on topics
+# and brokers of their own.
+TEST_KAFKA_CONFIGS = {"num.partitions": "4", "message.max.bytes": str(16 * 1024 * 1024)}
+
+
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
+def tansu() -> Iterator[EmbeddedBroker]:
+    """The embedded tansu, per session (per xdist worker): the broker tier's when that is
+    tansu."""
     with EmbeddedBroker(port=reserve_port()) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest) -> Iterator[EmbeddedBroker | KafkaBroker]:
+    if TEST_BROKER == "tansu":
+        yield request.getfixturevalue("tansu")
+        return
+    with KafkaBroker(port=reserve_port(), reserve=reserve_port,
+                     configs=TEST_KAFKA_CONFIGS) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def tansu_settings(tansu: EmbeddedBroker) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=tansu.bootstrap_servers)
 
 
 @pytest.fixture(scope="session")
@@ -162,8 +191,12 @@ def own_broker() -> Iterator[Callable[..., EmbeddedBroker]]:
 
 
 @pytest.fixture(scope="session")
-def apache_kafka() -> Iterator[KafkaBroker]:
-    """One Apache Kafka node per session (per xdist worker), started on first use."""
+def apache_kafka(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
+    """One Apache Kafka node per session (per xdist worker), started on first use: the broker
+    tier's own when that is Apache Kafka."""
+    if TEST_BROKER != "tansu":
+        yield request.getfixturevalue("broker")
+        return
     with KafkaBroker(port=reserve_port(), reserve=reserve_port) as b:
         yield b
 

@@ -63,6 +63,17 @@ def _read(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
         consumer.close()
 
 
+def _create(servers: str, topic: str) -> None:
+    """``topic`` with one partition (the session's broker makes four on first use)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    try:
+        admin.create_topics({topic: {"num_partitions": 1}}, wait_for_metadata=True)
+    finally:
+        admin.close()
+
+
 def test_a_record_goes_round_trip_through_an_auto_created_topic(
         apache_kafka: KafkaBroker, apache_kafka_settings: KafkaSettings, unique: str) -> None:
     assert unique not in _topics(apache_kafka.bootstrap_servers)
@@ -82,6 +93,7 @@ def test_read_committed_sees_a_committed_transaction_and_never_an_aborted_one(
         apache_kafka: KafkaBroker, unique: str) -> None:
     """KIP-98 as Kafka does it: tansu hands aborted records to read_committed consumers."""
     servers = apache_kafka.bootstrap_servers
+    _create(servers, unique)
     producer = KafkaProducer(bootstrap_servers=servers, transactional_id=f"{unique}-tx")
     try:
         producer.init_transactions()
@@ -288,6 +300,7 @@ def test_an_end_probe_asked_again_at_the_end_gets_every_answer(
 
     producer = make_producer(apache_kafka_settings)
     for topic in (f"{unique}-a", f"{unique}-b"):
+        _create(apache_kafka_settings.bootstrap_servers, topic)
         producer.send(topic, b"x").get(timeout=30)
     producer.close()
     with EndProbe(apache_kafka_settings, kept_as=None) as probe:

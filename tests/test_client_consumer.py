@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -547,3 +548,21 @@ def test_a_rebalance_waits_for_the_messages_being_consumed_and_commits_them(
     # (dropping it as a duplicate) got it again.
     assert a_seen == [x] and x not in b_seen
     assert a.stats["duplicates"] == 0 and a.stats["consumed"] == 1
+
+
+def test_a_consumer_of_a_topic_that_does_not_exist_yet_gets_its_partitions(
+    own_kafka_cluster: Any, unique: str
+) -> None:
+    """Apache Kafka (its defaults: one partition a topic) creates a topic on the metadata
+    request that names it. Joined before that look-up, one such join in two to eight was
+    assigned no partition and never rejoined (kafka-python's assignment snapshot). Ten in a
+    row all get theirs."""
+    with own_kafka_cluster() as broker:
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
+        for i in range(10):
+            topic = f"{unique}_new{i}"
+            consumer = start(kafka, f"{unique}_cg{i}", topic, lambda msgs: OK)
+            try:
+                assert {tp.topic for tp in consumer.assignment} >= {topic}
+            finally:
+                consumer.shutdown()

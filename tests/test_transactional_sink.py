@@ -74,8 +74,10 @@ def _topics(settings: KafkaSettings, unique: str, real_configs: dict[str, str] |
     topics, real = Topics.with_prefix(f"{unique}_"), f"{unique}-orders"
     admin = KafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     try:
-        admin.create_topics({real: {"configs": real_configs or {}}, topics.history: {},
-                             topics.dead_letter: {}}, wait_for_metadata=True)
+        # One partition each: the tests read partition 0 and name where records land.
+        admin.create_topics({real: {"num_partitions": 1, "configs": real_configs or {}},
+                             topics.history: {"num_partitions": 1},
+                             topics.dead_letter: {"num_partitions": 1}}, wait_for_metadata=True)
     finally:
         admin.close()
     return topics, real

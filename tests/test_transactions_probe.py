@@ -17,8 +17,8 @@ def test_apache_kafka_isolates_transactions(apache_kafka_settings: KafkaSettings
     assert answer.isolates, answer.reason
 
 
-def test_tansu_does_not_isolate_transactions(kafka: KafkaSettings) -> None:
-    answer = probe_transactions(kafka, f"probe_{random.getrandbits(32)}")
+def test_tansu_does_not_isolate_transactions(tansu_settings: KafkaSettings) -> None:
+    answer = probe_transactions(tansu_settings, f"probe_{random.getrandbits(32)}")
     assert not answer.isolates
     assert "aborted record" in answer.reason
 

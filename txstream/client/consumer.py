@@ -192,7 +192,16 @@ class PushConsumer:
             group = CommittingConsumer(self._consumer, self._offsets, self,
                                        name=f"consumer {self.consumer_group}",
                                        drain_s=self._drain_s)
-            group.subscribe([*self._subs, self.retry_topic])
+            topics = [*self._subs, self.retry_topic]
+            for topic in topics:
+                # A producer's metadata request names the topic: a broker that creates topics
+                # on first use creates it now, before the group assigns its partitions.
+                try:
+                    self._producer.partitions_for(topic)
+                except Exception as exc:  # not created (auto-creation off): joined later
+                    log.info("consumer %s: topic %s not known yet (%s)", self.consumer_group,
+                             topic, exc)
+            group.subscribe(topics)
         except BaseException:
             self._producer.close(timeout=1)
             raise

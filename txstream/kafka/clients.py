@@ -126,6 +126,10 @@ _CONSUMER_DEFAULTS: dict[str, Any] = {
 _GROUP_DEFAULTS: dict[str, Any] = {
     # tansu (and small clusters) join a group in half the session timeout: keep it short.
     "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000,
+    # A member subscribed to a topic that Apache Kafka creates on that very request learns
+    # its partitions at the next metadata refresh: kafka-python's default is 5 minutes, in
+    # which the group had none (half of the joins on a new topic).
+    "metadata_max_age_ms": 5000,
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -33,6 +34,8 @@ from txstream.kafka.protocols import (
 __all__ = ["Member", "Offsets", "CommittingConsumer", "CommitOnRevoke", "commit_map"]
 
 log = logging.getLogger(__name__)
+
+KNOWN_WITHIN_S = 5.0  # how long a new member waits for its topics' partitions before joining
 
 
 class Offsets(Protocol):
@@ -117,8 +120,24 @@ class CommittingConsumer:
         self.consumer, self.offsets, self.member = consumer, offsets, member
         self.name, self.drain_s = name, drain_s
 
-    def subscribe(self, topics: Iterable[str]) -> None:
-        self.consumer.subscribe(list(topics), listener=CommitOnRevoke(self))
+    def subscribe(self, topics: Iterable[str], known_within_s: float = KNOWN_WITHIN_S) -> None:
+        """Subscribe, and wait (up to ``known_within_s``) until the consumer's metadata lists
+        each topic's partitions, before the first poll joins the group. kafka-python's leader
+        assigns from the metadata it holds; a topic the broker created on the subscription's
+        own metadata request could be assigned no partition, with a snapshot taken after the
+        partitions came in, and then the group never rejoined (half of the joins on a new
+        topic of Apache Kafka). A topic still unknown then (no auto-creation) is joined when
+        it appears."""
+        names = list(topics)
+        self.consumer.subscribe(names, listener=CommitOnRevoke(self))
+        deadline = time.monotonic() + known_within_s
+        for topic in names:
+            while not self.consumer.partitions_for_topic(topic):
+                if time.monotonic() > deadline:
+                    log.info("%s: topic %s has no partitions yet; joining without them",
+                             self.name, topic)
+                    return
+                time.sleep(0.1)
 
     def commit(self) -> None:
         """Commit what may be, of the member's partitions (on the polling thread)."""
