@@ -146,8 +146,12 @@ def test_a_restarted_index_resumes_from_its_stored_offsets(
         assert index.offsets() == stored and index.counts()["events"] == events
         stats = feed.catch_up()
         after = index.offsets()
-        # It read what was added since, no record before the stored offsets.
-        assert stats.records == sum(end - stored.get(at, 0) for at, end in after.items())
+        # It read what was added since, no record before the stored offsets (on Apache Kafka
+        # a transaction's commit marker takes an offset too: records are counted, not offsets).
+        added = sum(1 for topic in {t for t, _ in after} for r in read_topic(coord.kafka, topic)
+                    if stored.get((topic, r.partition), 0) <= r.offset
+                    < after.get((topic, r.partition), 0))
+        assert stats.records == added
         assert stats.records > 0 and index.transaction(second) is not None
         assert index.transaction(first) is not None
         resumed = _timeline(index)

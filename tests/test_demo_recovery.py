@@ -202,18 +202,21 @@ def test_ctrl_c_stops_everything_the_recovery_demo_started(tmp_path: Path) -> No
 
 @pytest.mark.cluster  # its own standalone cluster: in the cluster tests' group, not beside them
 @pytest.mark.timeout(DEMO_LIMIT_S + 180)
-def test_the_recovery_demo_on_a_standalone_cluster_kills_an_executor_and_the_driver(
+def test_the_recovery_demo_on_a_standalone_cluster_kills_an_executor(
     kafka: KafkaSettings, tmp_path: Path, record_property: Any
 ) -> None:
     """``--cluster``: a master and a worker of pyspark's distribution, the coordinator
-    spark-submitted to them; the executor SIGKILLed, then the driver; lost 0, doubled 0, and
-    the cluster stopped with the rest."""
+    spark-submitted to them; the executor SIGKILLed; lost 0, doubled 0, and the cluster
+    stopped with the rest. Only the executor: each coordinator start costs minutes on a loaded
+    machine, and the driver's SIGKILL is the local demo's test above (on a cluster:
+    tests/test_cluster_restart.py). The default faults on a cluster, executor then driver,
+    took 151 s on an idle machine (``txstream demo --recovery --cluster``)."""
     mark, folder = uuid.uuid4().hex, tmp_path / "cluster-demo"
     env = {**os.environ, MARK: mark, "PYSPARK_PYTHON": sys.executable}
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "txstream.streaming.cli", "demo", "--recovery", "--cluster",
-         *SMALL, *_own_topics(kafka, folder)],
+         "--faults", "executor", *SMALL, *_own_topics(kafka, folder)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=DEMO_LIMIT_S + 120)
     out, took = proc.stdout, time.monotonic() - started
@@ -221,8 +224,7 @@ def test_the_recovery_demo_on_a_standalone_cluster_kills_an_executor_and_the_dri
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"cluster up at spark://127\.0\.0\.1:\d+; the coordinator is "
                      r"spark-submitted to it", out)
-    # The default faults on a cluster: the executor, then the driver.
-    assert out.index("*** EXECUTOR KILLED") < out.index("*** CRASH 1: SIGKILL")
+    assert "*** EXECUTOR KILLED" in out
     killed = re.search(r"executor killed at \S+ \(SIGKILL, pids [\d, ]+\): a new one after "
                        r"[\d.]+ s(; the coordinator failed its batch and was restarted \d+ "
                        r"times?)?; caught up [\d.]+ s after", out)

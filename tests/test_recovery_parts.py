@@ -96,6 +96,21 @@ def test_the_verdict_fails_on_a_copy_a_loss_a_visible_rollback_and_a_pending_one
     assert "2 transactions still pending" in fail and "handed 1 of 2" in fail
 
 
+def test_a_run_out_of_time_is_no_verdict_on_loss(ledger: Ledger) -> None:
+    """The demo's --timeout ran out with commits not released yet: it fails, and says that
+    it did not judge them lost; a copy is a failure all the same."""
+    _mixed(ledger)
+    v = judge(ledger, Counter({"R1": 0}), {"R1": "rolled_back"}, Counter())
+    assert v.lost == 2 and not v.ok
+    lines = verdict_lines(v, "Orders", [], timed_out_s=660.0)
+    assert "committed: not released yet 2, doubled 0" in "\n".join(lines)
+    assert lines[-1].startswith("FAIL: --timeout 660 s ran out before every transaction ended "
+                                "(2 committed not released yet")
+    doubled = judge(ledger, Counter({"C1": 2}), {}, Counter())
+    assert verdict_lines(doubled, "Orders", [], timed_out_s=660.0)[-1].startswith(
+        "FAIL: 1 committed messages lost; 1 released twice")
+
+
 def test_a_consumer_handed_a_message_twice_fails_the_verdict(ledger: Ledger) -> None:
     _ran(ledger, "C1", "commit")
     v = judge(ledger, Counter({"C1": 1}), {}, Counter({"C1": 2}))

@@ -227,8 +227,8 @@ class RecoveryDemo:
         traffic.begin()
         stack.enter_context(live.printing())
         self._faults(settings, ledger, watch, live)
-        self._drain(traffic, ledger, watch, consumer, live)
-        code = self._finish(settings, ledger, watch, consumer, began, live)
+        drained = self._drain(traffic, ledger, watch, consumer, live)
+        code = self._finish(settings, ledger, watch, consumer, began, live, drained)
         self._hold_console()
         return code
 
@@ -357,7 +357,7 @@ class RecoveryDemo:
     # --- the end ------------------------------------------------------------------------------
 
     def _drain(self, traffic: Traffic, ledger: Ledger, watch: TopicWatch,
-               consumer: ReleaseConsumer, live: Live) -> None:
+               consumer: ReleaseConsumer, live: Live) -> bool:
         time.sleep(self.o.tail_s)
         traffic.stop_sending()
         live.mark("traffic stopped: waiting for every transaction to end")
@@ -369,15 +369,17 @@ class RecoveryDemo:
             return (all(t in visible or t in ended for t in ledger.sent())
                     and committed <= set(consumer.snapshot()))
 
-        self._wait(settled, "every transaction to end", interval_s=0.5)
+        drained = self._wait(settled, "every transaction to end", interval_s=0.5)
         time.sleep(1.5)  # a late copy would be written by now
+        return drained
 
     def _finish(self, settings: KafkaSettings, ledger: Ledger, watch: TopicWatch,
-                consumer: ReleaseConsumer, began: float, live: Live) -> int:
+                consumer: ReleaseConsumer, began: float, live: Live, drained: bool) -> int:
         live.stop()
         copies, received = watch.copies(), consumer.snapshot()
         verdict = judge(ledger, copies, watch.ended_otherwise(), received)
-        lines = verdict_lines(verdict, self.o.topic, self.crashes, self.pauses)
+        lines = verdict_lines(verdict, self.o.topic, self.crashes, self.pauses,
+                              None if drained else self.o.timeout_s)
         for line in lines:
             say(line)
         releases = _ours(ledger, watch)
