@@ -32,6 +32,7 @@ from txstream.broker import EmbeddedBroker
 from txstream.client import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from txstream.kafka import KafkaSettings
 from txstream.kafka.provision import admin_client, create_topics, deployment
+from txstream.kafka_broker import KafkaBroker
 from txstream.topics import Topics
 
 from process_helpers import (
@@ -69,7 +70,12 @@ class SoakSystem:
         self.ledger_dir = root / "ledgers"
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(self.ledger_dir)
-        self.broker = EmbeddedBroker(log_path=str(root / "tansu.log"))
+        # The broker tier's broker (tests/conftest.py): Apache Kafka unless
+        # TXSTREAM_TEST_BROKER=tansu.
+        self.broker: EmbeddedBroker | KafkaBroker = (
+            EmbeddedBroker(log_path=str(root / "tansu.log"))
+            if os.environ.get("TXSTREAM_TEST_BROKER", "kafka") == "tansu"
+            else KafkaBroker(configs={"num.partitions": "4"}))
         self.kafka = KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers)
         self.coordinator: CoordinatorProcess | None = None
         self.coordinator_runs = 0

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from txstream.kafka import KafkaSettings, TopicReader, partition_ends, read_topic
+from txstream.kafka import KafkaSettings, TopicReader, partition_ends
 from txstream.outputs import decode_history
 from txstream.topics import Topics
 from txstream.wire import H, header_dict
@@ -36,12 +36,11 @@ def read_whole(kafka: KafkaSettings, topic: str, attempts: int = 5) -> list[Any]
     watermark): a record missing from this read would be reported as lost."""
     for _ in range(attempts):
         ends = partition_ends(kafka, topic)
-        records = read_topic(kafka, topic, timeout_s=60)
-        last: dict[int, int] = {}
-        for r in records:
-            last[r.partition] = max(last.get(r.partition, -1), r.offset)
-        if all(last.get(p, -1) + 1 >= end for p, end in ends.items()):
-            return records
+        with TopicReader(kafka, [topic], fetch_max_wait_ms=5, max_poll_records=10_000) as reader:
+            records = reader.read_new(timeout_s=60)
+            reached = reader.positions()  # past commit markers too, not only the last record
+        if all(reached.get((topic, p), 0) >= end for p, end in ends.items()):
+            return sorted(records, key=lambda r: (r.partition, r.offset))
     raise AssertionError(f"{topic} could not be read to its end in {attempts} attempts")
 
 

@@ -350,6 +350,11 @@ class TopicReader:
                     done.add(tp)
         return out
 
+    def positions(self) -> dict[Position, int]:
+        """Where the reader is in each partition: past the last record read, and past the
+        transaction markers after it (which take offsets of their own on Apache Kafka)."""
+        return {(tp.topic, tp.partition): _position(self._consumer, tp) for tp in self._tps}
+
     def close(self) -> None:
         self._consumer.close()
 
