@@ -533,8 +533,10 @@ class Simulation:
                 + p.orphan_end_timeout + 30_000)
 
     def _all_ended(self) -> bool:
-        if self.producers.later or self.producers.resend_coming():
-            return False  # a send still due (a late copy, an end event) may start a life
+        if self.producers.queue or self.producers.later or self.producers.resend_coming():
+            # A send still due (an application's retry of a send the outage refused, a late
+            # copy, an end event) may start a life.
+            return False
         if self.world.now < self.refusing_until:
             return False  # a batch a partition refuses fails until it takes its records
         seen = self.observer.update()
