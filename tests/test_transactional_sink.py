@@ -160,6 +160,16 @@ def test_with_transactions_off_the_ordered_path_holds(
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
 
 
+def _first_run_of_a_task(settings: KafkaSettings, unique: str,
+                         monkeypatch: pytest.MonkeyPatch) -> tuple[Topics, str, SinkOptions]:
+    """The topics and transactional sink options of a task that is no replay (attempt 0 of
+    a batch after the run's first)."""
+    topics, real = _topics(settings, unique)
+    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    return topics, real, SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
+                                     dead_letter_topic=topics.dead_letter)
+
+
 def test_a_producer_fenced_by_another_takes_its_id_back(
         apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
         ) -> None:
@@ -168,10 +178,7 @@ def test_a_producer_fenced_by_another_takes_its_id_back(
     from txstream.kafka.transactions import make_transactional_producer
 
     settings = apache_kafka_settings
-    topics, real = _topics(settings, unique)
-    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
-                          dead_letter_topic=topics.dead_letter)
-    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    topics, real, options = _first_run_of_a_task(settings, unique, monkeypatch)
     rows = _rows(real, topics, n=2)
     send_rows(options, rows[:2])
     other = make_transactional_producer(settings, f"txstream-{unique}-0")
@@ -192,10 +199,7 @@ def test_a_fenced_task_finds_what_another_attempt_of_it_committed(
     from txstream.kafka import clients
 
     settings = apache_kafka_settings
-    topics, real = _topics(settings, unique)
-    options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
-                          dead_letter_topic=topics.dead_letter)
-    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    topics, real, options = _first_run_of_a_task(settings, unique, monkeypatch)
     rows = _rows(real, topics, n=3)
     send_rows(options, rows[:2])  # an earlier batch: this process's producer, kept
     [key] = [k for k in clients._CACHED if k[0] == "sink-tx" and k[1].startswith(
