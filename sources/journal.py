@@ -8,6 +8,8 @@ a second time. So before any half or end record is read again, the source reads 
 topic (the coordinator's own journal of every decision) up to where it ended when the reset
 began, and hands each outcome to the transaction's state key as an OUTCOME row: a half message
 or end event read again then meets its outcome, as a duplicate (docs/decisions/0023-recovery.md).
+A transaction the history registered without an outcome is handed as IN_DOUBT: a half message
+of it, even one sent again after the reset began, is first looked for on its real topic.
 
 The recovery also remembers where the half topic ended when it began (``again``): a half
 message below that end may have been read by the coordinator before, whose last batch may have
@@ -31,6 +33,7 @@ from txstream.schema import EventRow
 from txstream.sources.event_rows import outcome_row
 from txstream.state.effects import NoteKind
 from txstream.state.keys import KeyLayout
+from txstream.state.outcomes import IN_DOUBT
 from txstream.state.transaction import Status
 
 __all__ = ["JOURNAL", "OUTCOME_OF", "Journal", "outcome_rows"]
@@ -108,15 +111,27 @@ class Journal:
 
 
 def outcome_rows(records: Iterable[ConsumerRecord], layout: KeyLayout) -> Iterator[EventRow]:
-    """The outcomes the history records tell, one row per transaction and record. A record
+    """The outcomes the history records tell, one row per transaction and record; then
+    IN_DOUBT for each transaction registered (its half note) with no outcome among these
+    records: its release may have been written by a batch that died before noting it. A
+    later part of the history may still tell its outcome, which replaces IN_DOUBT. A record
     that is not history (another writer's) tells nothing."""
+    registered: dict[str, tuple[int, int]] = {}
+    ended: set[str] = set()
     for rec in records:
         try:
             notes = decode_history(rec.value, rec.key)
         except MalformedRecord:
             continue
         for note in notes:
-            status = OUTCOME_OF.get(str(note.get("event")))
-            txid = note.get("transaction_id")
-            if status is not None and isinstance(txid, str) and txid:
+            event, txid = str(note.get("event")), note.get("transaction_id")
+            if not isinstance(txid, str) or not txid:
+                continue
+            if event == NoteKind.HALF:
+                registered.setdefault(txid, (rec.partition, rec.offset))
+            elif (status := OUTCOME_OF.get(event)) is not None:
+                ended.add(txid)
                 yield outcome_row(txid, status, rec.partition, rec.offset, layout)
+    for txid, (partition, offset) in registered.items():
+        if txid not in ended:
+            yield outcome_row(txid, IN_DOUBT, partition, offset, layout)

@@ -39,7 +39,7 @@ from txstream.state.codec import (
 )
 from txstream.state.effects import Effect
 from txstream.state.lifecycle import apply, on_timeout
-from txstream.state.outcomes import Outcomes
+from txstream.state.outcomes import IN_DOUBT, Outcomes
 from txstream.state.policy import Policy
 from txstream.state.timing import sends_check, waits_for_ends
 from txstream.state.transaction import Event, Status, Transaction
@@ -110,7 +110,7 @@ class Bucket:
         txid = event.transaction_id
         assert txid is not None
         tx = self.get(txid)
-        if tx is None and (outcome := self.outcomes.recall(txid, now)) is not None:
+        if tx is None and (outcome := self.known_outcome(txid, now)) is not None:
             # Resolved and left the state: a repeat is a duplicate, a contradiction is told
             # the outcome. Nothing changes a resolved transaction, so nothing is stored.
             status, until = outcome
@@ -179,15 +179,27 @@ class Bucket:
                 _body_at(tx, wanted)
         return wanted
 
+    def known_outcome(self, transaction_id: str, now: int) -> tuple[str, int] | None:
+        """The status and until of a transaction that left the state, if remembered."""
+        known = self.outcomes.recall(transaction_id, now)
+        return None if known is None or known[0] == IN_DOUBT else known
+
+    def in_doubt(self, transaction_id: str, now: int) -> bool:
+        """Whether a coordinator before this state may have released ``transaction_id``
+        unnoted: its half message is to be looked for on its real topic before it is applied."""
+        known = self.outcomes.recall(transaction_id, now)
+        return known is not None and known[0] == IN_DOUBT
+
     def recall_outcome(self, transaction_id: str, status: str, until: int, now: int) -> bool:
         """Remember an outcome decided before this state existed (recovered from the history
-        topic by a new checkpoint); False if the transaction is held or already remembered.
-        A lost release released again since (its half message sent again) is committed,
-        whichever of the two notes is read first."""
+        topic by a new checkpoint), or IN_DOUBT; False if the transaction is held or already
+        remembered. A lost release released again since (its half message sent again) is
+        committed, whichever of the two notes is read first; any outcome replaces IN_DOUBT,
+        which replaces none."""
         known = self.outcomes.recall(transaction_id, now)
-        again = (known is not None and known[0] == Status.LOST.value
-                 and status == Status.COMMITTED.value)
-        if transaction_id in self._held or (known is not None and not again):
+        replaces = known is None or known[0] == IN_DOUBT or (
+            known[0] == Status.LOST.value and status == Status.COMMITTED.value)
+        if transaction_id in self._held or not replaces:
             return False
         self.outcomes.remember(transaction_id, status, until)
         return True

@@ -19,12 +19,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Outcomes", "OUTCOME_BITS", "OUTCOME_CODES"]
+__all__ = ["IN_DOUBT", "Outcomes", "OUTCOME_BITS", "OUTCOME_CODES"]
 
-# The resolved statuses, by their code in the low bits (0 is not a status). Three bits: room
-# for three more resolved statuses before the next state format.
+# No outcome but a warning: a coordinator before this state may have released the id's half
+# message without noting so (docs/decisions/0029-releases-found.md). Any outcome replaces it.
+IN_DOUBT = "IN_DOUBT"
+
+# The resolved statuses and IN_DOUBT, by their code in the low bits (0 is not a status).
+# Three bits: room for two more before the next state format.
 OUTCOME_BITS = 3
-OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST")
+OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST", IN_DOUBT)
 _CODE = {name: code for code, name in enumerate(OUTCOME_CODES) if name}
 _MASK = (1 << OUTCOME_BITS) - 1
 

@@ -219,3 +219,20 @@ def test_equal_strings_are_written_once_per_key() -> None:
     assert [blob.count(txid.encode()) for txid in ids] == [1] * len(ids)
     assert blob.count(b"orders") == 1 and blob.count(b"shop") == 1
     assert Bucket.decode(blob) == b
+
+
+def test_an_id_in_doubt_is_no_outcome_and_any_outcome_replaces_it() -> None:
+    """IN_DOUBT (an earlier life may have released the id unnoted) sends its half message to be
+    looked for, then applies it as new; an outcome replaces it, it replaces no outcome."""
+    b = Bucket()
+    assert b.recall_outcome("doubt", "IN_DOUBT", T0 + 10_000, T0)
+    assert b.in_doubt("doubt", T0) and b.known_outcome("doubt", T0) is None
+    notes = [e.event for e in b.apply(half("doubt"), T0, P) if isinstance(e, Note)]
+    assert notes == ["half"]  # registered, no duplicate
+    registered = b.get("doubt")
+    assert registered is not None and registered.status is Status.PENDING
+    assert b.recall_outcome("told", "IN_DOUBT", T0 + 10_000, T0)
+    assert b.recall_outcome("told", "COMMITTED", T0 + 10_000, T0)
+    assert not b.in_doubt("told", T0) and b.known_outcome("told", T0) == ("COMMITTED", T0 + 10_000)
+    assert not b.recall_outcome("told", "IN_DOUBT", T0 + 20_000, T0)
+    assert not b.in_doubt("doubt", T0 + 10_000)  # kept for its time only

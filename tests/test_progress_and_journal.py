@@ -88,3 +88,15 @@ def test_the_outcomes_of_the_history_become_rows_for_their_transactions() -> Non
     assert [r.state_key for r in rows] == [state_key(t, layout) for t in "abcd" for t in
                                            [f"tx-{t}"]]
     assert set(OUTCOME_OF.values()) == {"COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST"}
+
+
+def test_a_transaction_registered_without_an_outcome_is_handed_in_doubt() -> None:
+    """A half note with no outcome in the records read: an earlier life may have released it
+    unnoted (decision 0029); one whose outcome the same records tell is not in doubt."""
+    layout, topics = KeyLayout(), Topics()
+    lines = [("tx-a", 1, "half", {}), ("tx-b", 2, "half", {}), ("tx-b", 3, "check_sent", {}),
+             ("tx-a", 4, "released", {}), ("tx-c", 5, "half", {})]
+    [(record, _)] = encode_history(lines, b"7", topics)
+    rows = list(outcome_rows([_Rec(record.key, record.value, 0, 11)], layout))
+    assert [(bytes(r.key).decode(), bytes(r.value).decode()) for r in rows] == [
+        ("tx-a", "COMMITTED"), ("tx-b", "IN_DOUBT"), ("tx-c", "IN_DOUBT")]

@@ -72,7 +72,7 @@ def meant(version: int) -> Bucket:
     """What a sample of ``version`` stands for in today's classes: the sample, with the
     bodies of the half messages that know where they lie left to be read back. Format 6 held
     two outcomes then, in two bits of status."""
-    assert version in (6, 7), "a new readable version says here what its sample means"
+    assert version in (6, 7, 8), "a new readable version says here what its sample means"
     sample = sample_bucket()
     transactions = {
         txid: dataclasses.replace(tx, half=dataclasses.replace(tx.half, body=None))
@@ -83,6 +83,8 @@ def meant(version: int) -> Bucket:
         outcomes = Outcomes()
         outcomes.remember("tx-gone", "COMMITTED", T0 + HOUR)
         outcomes.remember("tx-gone-too", "DISCARDED", T0 + 2 * HOUR)
+    if version == 7:  # no IN_DOUBT then
+        outcomes = _outcomes(OUTCOME_CODES[1:5])
     return Bucket(transactions, sample.epoch, sample.next_number, outcomes)
 
 

@@ -143,7 +143,7 @@ def _found_released(kafka: KafkaSettings, bucket: Bucket, halves: list[Message],
         txid = half.transaction_id
         tx = bucket.get(txid) if txid else None
         if (not txid or (tx is not None and tx.status is not Status.EARLY_END)
-                or bucket.outcomes.recall(txid, now) is not None):
+                or bucket.known_outcome(txid, now) is not None):
             continue  # known here: decided by this checkpoint, or read back from the history
         stored = half.stored_timestamp if half.stored_timestamp is not None else now
         since = min(anchor(half, now, policy), stored, now) - policy.max_clock_skew
@@ -177,7 +177,7 @@ def coordinator_function(
                     rows: list[Emit], tally: KeyTally, again: list[Message]) -> list[Event]:
         """The call's events in replay order; a record that is no event becomes its dead
         letter, a recovered outcome is remembered; ``again`` gets the half messages a
-        coordinator before this checkpoint may have read."""
+        coordinator before this checkpoint may have read, or released (their ids in doubt)."""
         events: list[Event] = []
         for kind, partition, offset, k, v, h, error, stamp in in_replay_order(frames):
             if kind == EventKind.PROGRESS:
@@ -194,7 +194,8 @@ def coordinator_function(
                 tally.count(Counted.DEAD_LETTERS, event.code)
             else:
                 events.append(event)
-                if kind == EventKind.HALF_AGAIN and isinstance(event, Message):
+                if isinstance(event, Message) and (kind == EventKind.HALF_AGAIN or (
+                        event.transaction_id and bucket.in_doubt(event.transaction_id, now))):
                     again.append(event)
         return events
 
