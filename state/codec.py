@@ -66,15 +66,15 @@ FORMAT_6 = Layout(
 FORMAT_7 = Layout(7, FORMAT_6.bucket, FORMAT_6.transaction, FORMAT_6.message,
                   FORMAT_6.end_event, FORMAT_6.raw_record)
 
-# 8: an outcome may be IN_DOUBT (an id an earlier life may have released unnoted): a reader of
-#    format 7 would not know its code.
+# 8: an outcome may be IN_DOUBT (an id an earlier life may have released unnoted), and its
+#    status has eight bits: room for new statuses without a new format.
 FORMAT_8 = Layout(8, FORMAT_7.bucket, FORMAT_7.transaction, FORMAT_7.message,
                   FORMAT_7.end_event, FORMAT_7.raw_record)
 
 FORMAT_VERSION = 8
 LAYOUTS: dict[int, Layout] = {6: FORMAT_6, 7: FORMAT_7, 8: FORMAT_8}
 # The bits of an outcome's status, by format (txstream.state.outcomes).
-OUTCOME_STATUS_BITS = {6: 2, 7: 3, 8: 3}
+OUTCOME_STATUS_BITS = {6: 2, 7: 3, 8: 8}
 _CURRENT = LAYOUTS[FORMAT_VERSION]
 
 # Where the bucket reads a held row without decoding it (the current layout's positions).

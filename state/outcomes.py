@@ -26,8 +26,9 @@ __all__ = ["IN_DOUBT", "Outcomes", "OUTCOME_BITS", "OUTCOME_CODES"]
 IN_DOUBT = "IN_DOUBT"
 
 # The resolved statuses and IN_DOUBT, by their code in the low bits (0 is not a status).
-# Three bits: room for two more before the next state format.
-OUTCOME_BITS = 3
+# Eight bits since state format 8: room for 250 more without a new format; the until (ms)
+# above them keeps 55 bits, past the year 3000.
+OUTCOME_BITS = 8
 OUTCOME_CODES = ("", "COMMITTED", "ROLLED_BACK", "DISCARDED", "LOST", IN_DOUBT)
 _CODE = {name: code for code, name in enumerate(OUTCOME_CODES) if name}
 _MASK = (1 << OUTCOME_BITS) - 1

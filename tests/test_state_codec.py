@@ -200,6 +200,18 @@ def test_a_row_of_another_length_is_refused_not_misread() -> None:
         Bucket.decode(pickle.dumps((version, rows, *rest, "new field")))
 
 
+def test_every_outcome_code_keeps_its_until_to_the_year_3000() -> None:
+    """Eight bits of status (format 8) leave the until its 55 bits."""
+    year_3000 = 32_503_680_000_000
+    outcomes = Outcomes()
+    for code in OUTCOME_CODES[1:]:
+        outcomes.remember(f"tx-{code}", code, year_3000)
+    keys_values = outcomes.encode()
+    back = Outcomes.decode(keys_values)
+    assert [back.recall(f"tx-{code}", T0) for code in OUTCOME_CODES[1:]] == [
+        (code, year_3000) for code in OUTCOME_CODES[1:]]
+
+
 def _write_sample() -> None:
     path = SAMPLES / f"format-{FORMAT_VERSION}.pickle"
     if path.exists():
