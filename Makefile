@@ -44,7 +44,7 @@ test: setup
 
 # The fault-injection soak (tests/test_soak.py), 10 minutes of faults by default.
 soak: setup
-	TXSTREAM_SOAK_SECONDS=$${TXSTREAM_SOAK_SECONDS:-600} $(PY) -m pytest -m soak $(PYTEST_ARGS)
+	TXSTREAM_SOAK_SECONDS=$${TXSTREAM_SOAK_SECONDS:-600} TXSTREAM_SOAK_NODES=$${TXSTREAM_SOAK_NODES:-3} $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 bench: setup
 	$(VENV)/bin/txstream bench

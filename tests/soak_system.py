@@ -14,6 +14,9 @@ system's pace):
   partition after 30 s without progress (its source's ``read_timeout_ms``, the body read-back
   and the replay check) and on a flush after 120 s, and ``txstream run`` then restarts it
   (docs/decisions/0027-broker-outage.md): a pause stays well under either.
+
+On three Apache Kafka nodes (``nodes=3``) the broker's faults are a replicated cluster's
+instead of ``broker_pause`` (tests/soak_cluster.py).
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ from typing import Any
 from txstream.broker import EmbeddedBroker
 from txstream.client import ConsumeFromWhere, ConsumeStatus, PushConsumer
 from txstream.kafka import KafkaSettings
-from txstream.kafka.provision import admin_client, create_topics, deployment
+from txstream.kafka.provision import (
+    DEFAULT_PARTITIONS,
+    admin_client,
+    create_topics,
+    deployment,
+)
 from txstream.kafka_broker import KafkaBroker
 from txstream.topics import Topics
 
+from ports import reserve_port
 from process_helpers import (
     REPO,
     CoordinatorProcess,
@@ -43,6 +52,7 @@ from process_helpers import (
     pause,
     script_process,
 )
+from soak_cluster import CLUSTER_CONFIGS, CLUSTER_KINDS, CLUSTER_WEIGHTS, ClusterFaults
 from soak_ledger import HUNG, IDLE, STARTED, Ledger
 from soak_producer import STOP_SENDING
 
@@ -50,6 +60,8 @@ __all__ = ["SoakSystem", "Faults", "KINDS"]
 
 KINDS = ("coordinator_kill", "producer_kill", "broker_pause")
 WEIGHTS = (0.25, 0.40, 0.35)
+# The partitions of each deployed topic (the real topics and the history among them).
+PARTITIONS = DEFAULT_PARTITIONS
 PRODUCER_SCRIPT = REPO / "tests" / "soak_producer.py"
 
 
@@ -60,8 +72,9 @@ def _last_commit(checkpoint: Path) -> int:
 class SoakSystem:
     """The processes of one soak run, their logs and ledgers under ``root``."""
 
-    def __init__(self, root: Path, seed: int, producers: int = 2, rate: float = 6.0) -> None:
-        self.root, self.seed, self.rate = root, seed, rate
+    def __init__(self, root: Path, seed: int, producers: int = 2, rate: float = 6.0,
+                 nodes: int = 1) -> None:
+        self.root, self.seed, self.rate, self.nodes = root, seed, rate, nodes
         tag = f"soak{seed % 10**8}_{os.getpid()}"
         self.topics = Topics.with_prefix(f"{tag}_")
         self.group, self.consumer_group = f"{tag}-pg", f"{tag}-cg"
@@ -72,10 +85,12 @@ class SoakSystem:
         self.ledger = Ledger(self.ledger_dir)
         # The broker tier's broker (tests/conftest.py): Apache Kafka unless
         # TXSTREAM_TEST_BROKER=tansu.
+        configs = {"num.partitions": "4", **(CLUSTER_CONFIGS if nodes > 1 else {})}
         self.broker: EmbeddedBroker | KafkaBroker = (
             EmbeddedBroker(log_path=str(root / "tansu.log"))
-            if os.environ.get("TXSTREAM_TEST_BROKER", "kafka") == "tansu"
-            else KafkaBroker(configs={"num.partitions": "4"}))
+            if os.environ.get("TXSTREAM_TEST_BROKER", "kafka") == "tansu" and nodes == 1
+            else KafkaBroker(nodes=nodes, configs=configs))
+        self.health_port = reserve_port()
         self.kafka = KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers)
         self.coordinator: CoordinatorProcess | None = None
         self.coordinator_runs = 0
@@ -90,6 +105,9 @@ class SoakSystem:
 
     def start(self) -> SoakSystem:
         self.broker.start()
+        # Every node's address, known once they run: a client must find the cluster while
+        # any one node is down.
+        self.kafka = KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers)
         specs = deployment(self.topics, producer_groups=[self.group],
                            real_topics=self.real_topics,
                            consumer_groups=[self.consumer_group]).topics
@@ -104,8 +122,9 @@ class SoakSystem:
 
     def close(self) -> None:
         """Stop everything this run started (the broker last), whatever state it is in."""
-        if self.broker.pid is not None:
-            os.kill(self.broker.pid, signal.SIGCONT)
+        for pid in getattr(self.broker, "pids", [self.broker.pid]):
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
         if self.consumer is not None:
             self.consumer.shutdown()
         for proc in self.producers:
@@ -121,13 +140,16 @@ class SoakSystem:
         return ["--bootstrap-servers", self.kafka.bootstrap_servers,
                 "--checkpoint-dir", str(self.checkpoint), "--topic-prefix", self.topics.prefix,
                 "--transaction-timeout", "2s", "--check-interval", "2s", "--check-max", "5",
-                "--broker-timeout", "60"]
+                "--broker-timeout", "60", "--metrics-port", str(self.health_port)]
 
     def start_coordinator(self) -> None:
         self._commits_before = _last_commit(self.checkpoint)
         log = self.root / f"coordinator-{self.coordinator_runs}.log"
         self.coordinator_runs += 1
         self.coordinator = CoordinatorProcess(self.coordinator_args(), log).start()
+
+    def last_commit(self) -> int:
+        return _last_commit(self.checkpoint)
 
     def coordinator_up(self) -> bool:
         """The running coordinator has committed a micro-batch of its own."""
@@ -225,6 +247,16 @@ class Faults:
     def __init__(self, system: SoakSystem, seed: int, seconds: float) -> None:
         self.system, self.seconds = system, seconds
         self.rng = random.Random(seed)
+        self.cluster: ClusterFaults | None = None
+        self.kinds, self.weights = KINDS, WEIGHTS
+        if isinstance(system.broker, KafkaBroker) and system.nodes > 1:
+            self.cluster = ClusterFaults(
+                system.broker, system.health_port, system.last_commit,
+                lambda: in_flight_batch(system.checkpoint),
+                lambda s: self._sleep_until(time.monotonic() + s))
+            # The processes' faults less often; the cluster's in broker_pause's place.
+            self.kinds = (*KINDS[:2], *CLUSTER_KINDS)
+            self.weights = (0.15, 0.25, *(0.6 * w for w in CLUSTER_WEIGHTS))
         self.gap = (min(10.0, seconds / 12), min(30.0, seconds / 5))
         self.injected: list[dict[str, Any]] = []
         self.unplanned: list[dict[str, Any]] = []
@@ -233,12 +265,12 @@ class Faults:
     def run(self) -> None:
         self.started = time.monotonic()
         end = self.started + self.seconds
-        first = self.rng.sample(KINDS, len(KINDS))  # each kind at least once
+        first = self.rng.sample(self.kinds, len(self.kinds))  # each kind at least once
         while True:
             at = time.monotonic() + self.rng.uniform(*self.gap)
             if at > end:
                 break
-            kind = first.pop(0) if first else self.rng.choices(KINDS, WEIGHTS)[0]
+            kind = first.pop(0) if first else self.rng.choices(self.kinds, self.weights)[0]
             params = self._params(kind)
             self._sleep_until(at)
             self._wait_ready(kind, params)
@@ -254,6 +286,8 @@ class Faults:
         if kind == "producer_kill":
             return {"slot": self.rng.randrange(len(self.system.producers)),
                     "mode": self.rng.choice(("before", "after"))}
+        if kind in CLUSTER_KINDS:
+            return ClusterFaults.params(kind, self.rng, self.system.real_topics, PARTITIONS)
         return {"pause_s": round(self.rng.uniform(2.0, 8.0), 1)}
 
     def _wait_ready(self, kind: str, params: dict[str, Any]) -> None:
@@ -282,6 +316,22 @@ class Faults:
         assert pid is not None
         pause(pid, pause_s)
         return {}
+
+    def _leader_kill(self, topic: str, partition: int, down_s: float) -> dict[str, Any]:
+        assert self.cluster is not None
+        return self.cluster.leader_kill(topic, partition, down_s)
+
+    def _history_leader_kill(self, partition: int, down_s: float) -> dict[str, Any]:
+        assert self.cluster is not None
+        return self.cluster.leader_kill(self.system.topics.history, partition, down_s)
+
+    def _below_isr(self, topic: str, partition: int, hold_s: float) -> dict[str, Any]:
+        assert self.cluster is not None
+        return self.cluster.below_isr(topic, partition, hold_s)
+
+    def _node_stop(self, node: int, stop_s: float) -> dict[str, Any]:
+        assert self.cluster is not None
+        return self.cluster.node_stop(node, stop_s)
 
     def _sleep_until(self, at: float) -> None:
         while (left := at - time.monotonic()) > 0:

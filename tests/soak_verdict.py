@@ -147,8 +147,11 @@ class Verdict:
     """The run's transactions held against the promise; :attr:`failures` is empty when kept."""
 
     def __init__(self, ledger_entries: list[dict[str, Any]], observed: Observed,
-                 delivered: Mapping[str, int], consumer_duplicates: int) -> None:
+                 delivered: Mapping[str, int], consumer_duplicates: int,
+                 commits_metric: int | None = None) -> None:
+        """``commits_metric``: the coordinator's commits counter at the end (None: not read)."""
         self.o, self.delivered, self.consumer_duplicates = observed, delivered, consumer_duplicates
+        self.commits_metric = commits_metric
         self.txs: dict[str, Tx] = {}
         self.half_failed = 0
         failed_bodies: set[bytes] = set()
@@ -198,11 +201,17 @@ class Verdict:
                            f"on the real topic {on_topic} times")
             if on_topic > 1:
                 self._fail("duplicated", tx, f"on the real topic {on_topic} times")
+            if tx.decision == COMMIT and on_topic and outcomes and "released" not in outcomes:
+                self._fail("history_disagrees", tx, f"on the real topic, history says "
+                                                    f"{outcomes}")
             if on_topic and got != 1:
                 self._fail("delivered_twice" if got else "not_delivered", tx,
                            f"the consumer delivered it {got} times")
         for uniq in o.on_topic.keys() - o.halves.keys():
             self._fail("phantom", Tx(uniq), "on a real topic, no half message has its id")
+        if self.commits_metric is not None and self.commits_metric != len(o.on_topic):
+            self._fail("metric_disagrees", Tx("commits"), f"the commits metric says "
+                       f"{self.commits_metric}, the real topics hold {len(o.on_topic)} messages")
 
     def counts(self) -> dict[str, int]:
         stored = [t for t in self.txs.values() if t.txid in self.o.halves]
@@ -237,7 +246,7 @@ class Verdict:
         }
         bad = {k: len(self.failures.get(k, ())) for k in
                ("lost", "duplicated", "visible_rollback", "pending", "half_missing",
-                "not_delivered", "delivered_twice", "phantom")}
+                "not_delivered", "delivered_twice", "phantom", "history_disagrees")}
         return "\n".join([
             header,
             f"faults: coordinator_kill {kinds['coordinator_kill']} "
@@ -258,7 +267,10 @@ class Verdict:
             "duplicates)",
             "lost {lost}, duplicated {duplicated}, visible rollbacks {visible_rollback}, "
             "still pending {pending}, half missing {half_missing}, not delivered "
-            "{not_delivered}, delivered twice {delivered_twice}, phantom {phantom}".format(**bad),
+            "{not_delivered}, delivered twice {delivered_twice}, phantom {phantom}, history "
+            "disagrees {history_disagrees}".format(**bad),
+            f"commits metric {self.commits_metric}, distinct on the real topics "
+            f"{c['distinct_on_topic']}",
         ])
 
     def failure_report(self, replay: str) -> str:

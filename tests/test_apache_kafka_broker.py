@@ -21,7 +21,10 @@ from kafka.errors import KafkaError, KafkaTimeoutError, NotEnoughReplicasError
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka import KafkaSettings
+from txstream.kafka.partition_health import min_insync_replicas, partition_troubles
+from txstream.kafka.provision import admin_client
 from txstream.kafka_broker import KafkaBroker, _cluster_id, cluster_properties
+from txstream.sources.bodies import BodySource
 from txstream.streaming.cli import main
 
 from kafka_helpers import read_topic, wait_until
@@ -145,17 +148,35 @@ def test_three_nodes_refuse_acks_all_below_min_insync_replicas_until_the_node_is
     nodes whose follower is killed refuses acks=all writes; one on all 3 goes on writing."""
     with own_kafka_cluster(nodes=3, configs=FAST_FAILOVER) as kafka:
         servers = kafka.bootstrap_servers
-        pair, trio = f"{unique}-rf2", f"{unique}-rf3"
+        pair, trio, on1 = f"{unique}-rf2", f"{unique}-rf3", f"{unique}-on1"
         admin = KafkaAdminClient(bootstrap_servers=servers)
         try:
-            admin.create_topics({pair: {"assignments": {0: [0, 1]}}, trio: {}},
+            admin.create_topics({pair: {"assignments": {0: [0, 1]}}, trio: {},
+                                 on1: {"assignments": {0: [1, 2]}}},
                                 wait_for_metadata=True)
         finally:
             admin.close()
         assert sorted(wait_until(lambda: kafka.describe_partition(trio)["isr_nodes"])) == [0, 1, 2]
         assert wait_until(lambda: kafka.leader(pair) == 0)
+        settings = KafkaSettings(bootstrap_servers=servers)
+        with KafkaProducer(bootstrap_servers=servers) as writer:
+            for i in range(3):
+                writer.send(on1, value=b"body %d" % i).get(timeout=30)
+        bodies = BodySource(settings, on1)
+        assert len(bodies.read({0: {0, 1, 2}})) == 3  # read from node 1, on1's leader
         kafka.kill_node(1)  # the pair's follower
+        # Read again while on1's leadership moves to node 2: txstream's consumers ask a live
+        # node when the one a metadata request went to is down (kafka-python alone raises
+        # KafkaConnectionError, and the batch failed).
+        assert len(bodies.read({0: {0, 1, 2}})) == 3
         wait_until(lambda: kafka.describe_partition(pair)["isr_nodes"] == [0], timeout_s=30)
+        # What /healthz reads (txstream.kafka.partition_health): the pair refuses writes.
+        with admin_client(KafkaSettings(bootstrap_servers=servers)) as admin:
+            limits = min_insync_replicas(admin, [pair, trio])
+            assert limits == {pair: 2, trio: 2}
+            assert [str(t) for t in partition_troubles(admin, [pair, trio], limits)] == [
+                f"{pair}-0 has 1 in-sync replica(s) of 2, below min.insync.replicas 2: "
+                f"writes to it are refused"]
         strict = KafkaProducer(bootstrap_servers=servers, acks="all", retries=0,
                                enable_idempotence=False)
         patient = KafkaProducer(bootstrap_servers=servers, acks="all")
@@ -167,6 +188,8 @@ def test_three_nodes_refuse_acks_all_below_min_insync_replicas_until_the_node_is
             wait_until(lambda: sorted(kafka.describe_partition(pair)["isr_nodes"]) == [0, 1],
                        timeout_s=60)
             strict.send(pair, value=b"accepted").get(timeout=30)
+            with admin_client(KafkaSettings(bootstrap_servers=servers)) as admin:
+                assert partition_troubles(admin, [pair, trio], limits) == []
         finally:
             strict.close()
             patient.close()

@@ -15,6 +15,7 @@ import pytest
 
 from txstream.errors import BrokerUnavailable
 from txstream.kafka import KafkaSettings
+from txstream.kafka.partition_health import PartitionTrouble, partition_troubles
 from txstream.kafka.reading import partition_ends
 from txstream.streaming.engine.health import HealthCheck, HealthThresholds, LagWatch
 from txstream.streaming.engine.metric_totals import MetricsBoard
@@ -152,3 +153,45 @@ def test_txstream_lines_carry_an_iso_8601_time_as_text_or_json() -> None:
     assert logged == {"time": logged["time"], "level": "WARNING", "logger": "txstream.x",
                       "message": "look"}
     assert re.fullmatch(_ISO, said["time"]) and re.fullmatch(_ISO, logged["time"])
+
+
+class _Described:
+    """An admin's describe_topics answer, as Apache Kafka gives it (kafka-python's shapes)."""
+
+    def __init__(self, partitions: dict[str, list[tuple[int, list[int], list[int]]]]) -> None:
+        self.partitions = partitions
+
+    def describe_topics(self, topics: list[str]) -> list[dict[str, Any]]:
+        return [{"name": t, "error_code": 0 if t in self.partitions else 3, "partitions": [
+            {"partition_index": p, "leader_id": leader, "replica_nodes": replicas,
+             "isr_nodes": isr} for p, (leader, replicas, isr) in
+            enumerate(self.partitions.get(t, []))]} for t in topics]
+
+
+def test_a_partition_without_a_leader_or_below_its_min_isr_refuses_writes() -> None:
+    admin = _Described({"orders": [(0, [0, 1, 2], [0, 1, 2]), (-1, [0, 1, 2], []),
+                                   (1, [0, 1, 2], [1])],
+                        "history": [(2, [0, 1, 2], [2, 0])]})
+    troubles = partition_troubles(admin, ["orders", "history", "gone"],  # type: ignore[arg-type]
+                                  {"orders": 2, "history": 2})
+    assert [str(t) for t in troubles] == [
+        "orders-1 has no leader: writes to it wait",
+        "orders-2 has 1 in-sync replica(s) of 3, below min.insync.replicas 2: writes to it "
+        "are refused"]
+    # Where the broker does not tell min.insync.replicas, Kafka's default (1) holds.
+    assert [str(t) for t in partition_troubles(admin, ["orders"])] == [  # type: ignore[arg-type]
+        "orders-1 has no leader: writes to it wait"]
+
+
+def test_healthz_names_the_partitions_that_refuse_writes() -> None:
+    class Troubled(LagWatch):
+        def troubles(self) -> list[PartitionTrouble]:
+            return [PartitionTrouble(f"orders{i}", i, 1, 3, 2, True) for i in range(7)]
+
+    board = MetricsBoard()
+    check = HealthCheck(lambda: None, board, Troubled(KafkaSettings(), ["half"], board))
+    healthy, body = check.check()
+    assert not healthy and body["reasons"] == [
+        "partitions refusing writes: " + "; ".join(
+            f"orders{i}-{i} has 1 in-sync replica(s) of 3, below min.insync.replicas 2: writes "
+            f"to it are refused" for i in range(5)) + " (and 2 more)"]

@@ -31,12 +31,15 @@ from pathlib import Path
 import pytest
 
 from kafka_helpers import wait_until
+from soak_cluster import cluster_summary, commits_metric
 from soak_system import Faults, SoakSystem
 from soak_verdict import EndWatch, Observed, Verdict
 
 pytestmark = pytest.mark.soak
 
 SECONDS = float(os.environ.get("TXSTREAM_SOAK_SECONDS") or 600)
+# 3: a three-node Apache Kafka cluster and its faults (tests/soak_cluster.py); make soak's.
+NODES = int(os.environ.get("TXSTREAM_SOAK_NODES") or 1)
 SEED = int(os.environ.get("TXSTREAM_SOAK_SEED") or random.SystemRandom().randrange(10**9))
 # Bounds on waiting for the end, not expectations: unknown transactions end by their answered
 # checks within seconds once the coordinator is up; these only stop a run that hangs.
@@ -46,7 +49,7 @@ DELIVERY_WAIT_S = 300.0
 
 def _replay_command() -> str:
     return (f"TXSTREAM_SOAK_SEED={SEED} TXSTREAM_SOAK_SECONDS={SECONDS:g} "
-            ".venv/bin/python -m pytest -m soak tests/test_soak.py")
+            f"TXSTREAM_SOAK_NODES={NODES} .venv/bin/python -m pytest -m soak tests/test_soak.py")
 
 
 def _wait_for_the_end(system: SoakSystem, faults: Faults) -> set[str]:
@@ -83,7 +86,7 @@ def test_soak_keeps_the_promise_under_faults(tmp_path: Path,
         print(f"\nsoak: seed {SEED}, {SECONDS:g} s of faults, logs in {tmp_path}\n"
               f"replay: {_replay_command()}", flush=True)
     started = time.monotonic()
-    system = SoakSystem(tmp_path, SEED)
+    system = SoakSystem(tmp_path, SEED, nodes=NODES)
     faults = Faults(system, SEED, SECONDS)
     try:
         system.start()
@@ -95,7 +98,8 @@ def test_soak_keeps_the_promise_under_faults(tmp_path: Path,
         system.ledger.refresh()
         assert system.consumer is not None
         verdict = Verdict(system.ledger.entries, observed, system.delivered_now(),
-                          int(system.consumer.stats["duplicates"]))
+                          int(system.consumer.stats["duplicates"]),
+                          commits_metric(system.health_port))
     finally:
         system.close()
         (tmp_path / "faults.json").write_text(json.dumps(
@@ -106,6 +110,8 @@ def test_soak_keeps_the_promise_under_faults(tmp_path: Path,
               f"{time.monotonic() - started:.0f} s in all; {len(pending)} pending when the wait "
               f"for the end stopped")
     summary = verdict.summary(header, faults.injected, faults.unplanned)
+    if faults.cluster is not None:
+        summary += "\n" + cluster_summary(faults.injected)
     with capsys.disabled():
         print(f"\n{summary}", flush=True)
         for exit_ in faults.unplanned:

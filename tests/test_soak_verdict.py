@@ -80,9 +80,11 @@ def test_each_broken_promise_is_named_with_its_transaction() -> None:
     run.tx("waiting", COMMIT, None)
     run.tx("consumer-missed", COMMIT, "released", on_topic=1, delivered=0)
     run.tx("consumer-twice", COMMIT, "released", on_topic=1, delivered=2)
+    run.tx("unnoted", COMMIT, "discarded", on_topic=1)  # on the topic, history says otherwise
     run.o.on_topic["nobody"] += 1
     run.entries += _sent("vanished", COMMIT)  # acknowledged, yet not on the half topic
     assert _failed(run.verdict()) == {
+        "history_disagrees": {"unnoted"},
         "lost": {"lost", "lost-by-discard"},
         "duplicated": {"twice"},
         "visible_rollback": {"shown", "never-ran-shown"},
@@ -92,6 +94,15 @@ def test_each_broken_promise_is_named_with_its_transaction() -> None:
         "phantom": {"nobody"},
         "half_missing": {"vanished"},
     }
+
+
+def test_a_commits_metric_that_is_not_what_the_real_topics_hold_fails() -> None:
+    run = Run()
+    run.tx("a", COMMIT, "released", on_topic=1)
+    run.tx("b", COMMIT, "released", on_topic=1)
+    assert _failed(Verdict(run.entries, run.o, run.delivered, 0, commits_metric=2)) == {}
+    assert _failed(Verdict(run.entries, run.o, run.delivered, 0, commits_metric=3)) == {
+        "metric_disagrees": {"commits"}}
 
 
 def test_the_report_tells_how_a_lost_commit_was_made_its_story_and_the_replay() -> None:

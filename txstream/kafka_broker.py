@@ -261,6 +261,10 @@ class KafkaBroker:
         self._down.discard(i)
         self._wait_ready(time.monotonic() + timeout_s, self.nodes - len(self._down))
 
+    def node_address(self, i: int) -> str:
+        """Node ``i``'s own bootstrap address (to ask it alone, while others are paused)."""
+        return f"127.0.0.1:{self._node(i).port}"
+
     def leader(self, topic: str, partition: int = 0) -> int:
         """The index of the node that leads ``topic``'s partition (-1 when none does)."""
         return int(self.describe_partition(topic, partition)["leader_id"])

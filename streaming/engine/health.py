@@ -10,8 +10,13 @@ The same sampling watches the broker: a sample that gets no answer within
 shown again) until a sample succeeds. With the default interval the broker's loss shows within
 ``interval_s + PROBE_TIMEOUT_S`` (13 s).
 
+The same sampling asks the cluster's metadata for the partitions of the topics the coordinator
+writes (its own and the real topics it released to): one without a leader, or below its
+``min.insync.replicas``, refuses the coordinator's writes (``txstream.kafka.partition_health``).
+
 ``/healthz`` says 503 with the reason from the moment the coordinator is asked to stop, when
-the query failed or stopped, when the broker does not answer, when the input lag grew for
+the query failed or stopped, when the broker does not answer, when a partition it writes to
+refuses writes (named with its topic), when the input lag grew for
 longer than a threshold (or was not read at all while records waited), or when a timer is
 overdue by more than a threshold; otherwise 200. An idle coordinator with no timer due is
 healthy: it runs no batch because it has nothing to do.
@@ -27,7 +32,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from txstream.kafka import EndProbe, KafkaSettings
+from txstream.kafka import EndProbe, KafkaSettings, make_admin
+from txstream.kafka.partition_health import (
+    PartitionTrouble,
+    min_insync_replicas,
+    partition_troubles,
+)
+from txstream.kafka.protocols import Admin
 from txstream.streaming.engine.config import HealthThresholds
 from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
@@ -39,14 +50,22 @@ log = logging.getLogger(__name__)
 # How long one sample waits for the broker before calling it unreachable. A healthy broker
 # answers a fetch at the partitions' ends in milliseconds; 8 s leaves a loaded one room.
 PROBE_TIMEOUT_S = 8.0
+# Partitions named in one /healthz reason; the count of the others follows.
+SHOWN_TROUBLES = 5
 
 
 class LagWatch:
     """Samples every input partition's lag every ``interval_s`` on a daemon thread."""
 
     def __init__(self, kafka: KafkaSettings, topics: Sequence[str], board: MetricsBoard,
-                 interval_s: float = 5.0, window_s: float = 300.0) -> None:
+                 interval_s: float = 5.0, window_s: float = 300.0,
+                 writes_to: Callable[[], Sequence[str]] | None = None) -> None:
+        """``writes_to``: the topics whose partitions are watched for refusing writes."""
         self._kafka, self._topics, self._board = kafka, list(topics), board
+        self._writes_to = writes_to
+        self._admin: Admin | None = None
+        self._min_isr: dict[str, int] = {}
+        self._troubles: list[PartitionTrouble] = []
         self._interval_s, self._window_s = interval_s, window_s
         self._lock = threading.Lock()
         self._lag: dict[Position, int] | None = None
@@ -68,6 +87,12 @@ class LagWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._drop_admin()
+
+    def troubles(self) -> list[PartitionTrouble]:
+        """The watched partitions that refused writes at the last sample."""
+        with self._lock:
+            return list(self._troubles)
 
     def lag(self) -> dict[Position, int] | None:
         """Records behind each partition's end at the last sample; None: not known (yet, or
@@ -117,6 +142,7 @@ class LagWatch:
             raise
         with self._lock:
             self._unreachable = self._sampling_since = None
+        self._sample_partitions()
         if consumed is None:
             return  # what was read is not known yet (the state could not be read)
         lag = {pos: max(0, end - consumed.get(pos, 0)) for pos, end in ends.items()}
@@ -127,6 +153,36 @@ class LagWatch:
             # Keep one sample at or before the window's start, so the window is covered.
             while len(self._samples) > 1 and self._samples[1][0] <= now - self._window_s:
                 self._samples.popleft()
+
+    def _sample_partitions(self) -> None:
+        """The watched partitions that refuse writes; unchanged when the metadata is not had
+        (the broker's reachability is the ends' business)."""
+        topics = sorted(set(self._writes_to())) if self._writes_to is not None else []
+        if not topics:
+            return
+        try:
+            if self._admin is None:
+                wait_ms = int(PROBE_TIMEOUT_S * 1000)
+                self._admin = make_admin(self._kafka, request_timeout_ms=wait_ms)
+            unknown = [t for t in topics if t not in self._min_isr]
+            if unknown:
+                told = min_insync_replicas(self._admin, unknown)
+                self._min_isr.update({t: told.get(t, 1) for t in unknown})
+            troubles = partition_troubles(self._admin, topics, self._min_isr)
+        except Exception as exc:  # metadata not had: said again at the next sample
+            log.debug("partitions not described: %s", exc)
+            self._drop_admin()
+            return
+        with self._lock:
+            self._troubles = troubles
+
+    def _drop_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            try:
+                admin.close()
+            except Exception as exc:  # closing a client of a broker gone
+                log.debug("admin client not closed: %s", exc)
 
     def _lost(self, exc: Exception) -> None:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -221,7 +277,8 @@ class HealthCheck:
         overdue = self._overdue_s()
         if overdue is not None:
             body["timer_overdue_s"] = round(overdue, 3)
-        reasons = [r for r in (self._problem(), self._broker_reason(), self._lag_reason(),
+        reasons = [r for r in (self._problem(), self._broker_reason(),
+                               self._partition_reason(), self._lag_reason(),
                                self._timer_reason(overdue)) if r]
         body["status"] = "unhealthy" if reasons else "ok"
         if reasons:
@@ -235,6 +292,14 @@ class HealthCheck:
             return None
         seconds, why = away
         return f"broker {watch.bootstrap_servers} unreachable for {seconds:.0f}s ({why})"
+
+    def _partition_reason(self) -> str | None:
+        troubles = self._lag.troubles() if self._lag is not None else []
+        if not troubles:
+            return None
+        shown = "; ".join(str(t) for t in troubles[:SHOWN_TROUBLES])
+        more = len(troubles) - SHOWN_TROUBLES
+        return f"partitions refusing writes: {shown}" + (f" (and {more} more)" if more > 0 else "")
 
     def _lag_reason(self) -> str | None:
         if self._lag is None:

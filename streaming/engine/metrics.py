@@ -248,8 +248,18 @@ def watch_lag(coordinator: Any, thresholds: HealthThresholds | None = None) -> L
     """A started :class:`LagWatch` of ``coordinator``'s input topics (and so of its broker)."""
     config = coordinator.config
     window_s = (thresholds or HealthThresholds()).lag_growing_s
-    return LagWatch(config.kafka, [config.topics.half, config.topics.end],
-                    coordinator.listener.board, window_s=window_s).start()
+    board = coordinator.listener.board
+    topics = config.topics
+    own = [topics.history, topics.discard, topics.dead_letter]
+
+    def writes_to() -> list[str]:
+        # The real topics it released to (the commits counter's labels), and its own.
+        counters = board.view().counters
+        return own + sorted({labels[1] for (name, labels) in counters
+                             if name == Counted.COMMITS and len(labels) > 1})
+
+    return LagWatch(config.kafka, [topics.half, topics.end], board, window_s=window_s,
+                    writes_to=writes_to).start()
 
 
 def serve_coordinator(coordinator: Any, thresholds: HealthThresholds | None = None,

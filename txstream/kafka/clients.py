@@ -77,6 +77,11 @@ class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]  # kafka-pytho
         return super().send(topic, *args, **kwargs)
 
 
+# Between metadata requests sent again after a node refused the connection, and for how long
+# (kafka-python backs off from a refusing node: the next request goes to another).
+_METADATA_RETRY_S, _METADATA_RETRY_FOR_S = 0.2, 5.0
+
+
 class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python is untyped
     """kafka-python's consumer whose ``highwater()`` is where a ``read_committed`` reader can
     read to: the last stable offset, below the high watermark while a transaction is open.
@@ -93,6 +98,33 @@ class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python
         if self.config["isolation_level"] == "read_committed":
             self._fetcher._parse_fetched_data = _capped_at_stable(
                 self._fetcher._parse_fetched_data, self._subscription)
+
+    # kafka-python sends a metadata request to one node and raises when that node refuses
+    # the connection: with one node of a cluster down, any metadata question failed now and
+    # then (a body read-back, the lag watch). Asked again, it goes to a live node.
+    def topics(self) -> set[str]:
+        return cast(set[str], _asking_live_nodes(super().topics,
+                                                 self.config["request_timeout_ms"]))
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return cast(set[int] | None, _asking_live_nodes(
+            lambda: super(CommittedEndConsumer, self).partitions_for_topic(topic),
+            self.config["request_timeout_ms"]))
+
+
+def _asking_live_nodes(ask: Callable[[], Any], timeout_ms: int) -> Any:
+    """``ask()``, again while the node it went to refuses connections, for up to
+    ``timeout_ms`` or _METADATA_RETRY_FOR_S (a broker wholly down is told soon)."""
+    from kafka.errors import KafkaConnectionError
+
+    deadline = time.monotonic() + min(timeout_ms / 1000, _METADATA_RETRY_FOR_S)
+    while True:
+        try:
+            return ask()
+        except KafkaConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(_METADATA_RETRY_S)
 
 
 def _capped_at_stable(parse: Callable[[Any], Any], subscription: Any) -> Callable[[Any], Any]:

@@ -1,0 +1,89 @@
+"""Partitions that cannot take a write now: no leader, or fewer in-sync replicas than the
+topic's ``min.insync.replicas``.
+
+txstream's producers write with ``acks=all``: below ``min.insync.replicas`` the broker refuses
+every write to the partition (NOT_ENOUGH_REPLICAS), and without a leader nothing can be written
+at all. Only a replicated cluster shows either (a leader's node lost, followers paused or
+lagging); ``/healthz`` names such partitions with their topics
+(``txstream.streaming.engine.health``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from txstream.kafka.protocols import Admin
+
+__all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas"]
+
+MIN_ISR = "min.insync.replicas"
+
+
+@dataclass(frozen=True)
+class PartitionTrouble:
+    """A partition that refuses writes, and why."""
+
+    topic: str
+    partition: int
+    in_sync: int  # replicas in sync (0 with no leader)
+    replicas: int
+    min_in_sync: int
+    leader: bool
+
+    def __str__(self) -> str:
+        where = f"{self.topic}-{self.partition}"
+        if not self.leader:
+            return f"{where} has no leader: writes to it wait"
+        return (f"{where} has {self.in_sync} in-sync replica(s) of {self.replicas}, below "
+                f"{MIN_ISR} {self.min_in_sync}: writes to it are refused")
+
+
+def min_insync_replicas(admin: Admin, topics: Sequence[str]) -> dict[str, int]:
+    """Each topic's ``min.insync.replicas`` (the broker's default included); a topic the broker
+    does not tell it for is left out (taken as 1)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    if not topics:
+        return {}
+    # Every config: tansu drops the connection when keys are named.
+    answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t)
+                                     for t in topics], config_filter="all")
+    out: dict[str, int] = {}
+    for topic, configs in answer.get("topic", {}).items():
+        entry = configs.get(MIN_ISR) if isinstance(configs, Mapping) else None
+        value = entry.get("value") if isinstance(entry, Mapping) else None
+        if value is not None and str(value).strip().isdigit():
+            out[topic] = int(value)
+    return out
+
+
+def partition_troubles(admin: Admin, topics: Sequence[str],
+                       min_in_sync: Mapping[str, int] | None = None) -> list[PartitionTrouble]:
+    """The partitions of ``topics`` that cannot take a write now, as the cluster's metadata
+    says; a topic that does not exist has none. ``min_in_sync``: each topic's
+    ``min.insync.replicas`` (:func:`min_insync_replicas`; missing: 1)."""
+    if not topics:
+        return []
+    limits = min_in_sync or {}
+    troubles = []
+    for described in admin.describe_topics(list(topics)):
+        if described.get("error_code", 0) != 0:
+            continue
+        topic = str(described["name"])
+        for part in described.get("partitions", []):
+            trouble = _trouble(topic, part, limits.get(topic, 1))
+            if trouble is not None:
+                troubles.append(trouble)
+    return sorted(troubles, key=lambda t: (t.topic, t.partition))
+
+
+def _trouble(topic: str, part: Mapping[str, Any], min_in_sync: int) -> PartitionTrouble | None:
+    leader = int(part.get("leader_id", -1)) >= 0
+    in_sync = len(part.get("isr_nodes") or []) if leader else 0
+    replicas = len(part.get("replica_nodes") or [])
+    if leader and in_sync >= min_in_sync:
+        return None
+    return PartitionTrouble(topic, int(part["partition_index"]), in_sync, replicas,
+                            min_in_sync, leader)
