@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from txstream.kafka.errors import (
@@ -23,45 +22,19 @@ from txstream.kafka.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
 )
-from txstream.kafka.memory import ClientMetadata, MemoryBroker, UnsupportedByMemoryBroker
-from txstream.kafka.memory_log import FetchAnswer, consumer_record, record_size
+from txstream.kafka.memory import MemoryBroker, UnsupportedByMemoryBroker
+from txstream.kafka.memory_log import (
+    Buffered,
+    FetchRequest,
+    HeldAnswer,
+    PartitionState,
+    consumer_record,
+    record_size,
+)
+from txstream.kafka.memory_metadata import ClientMetadata
 from txstream.kafka.protocols import ConsumerRecord, TopicPartition
 
 __all__ = ["MemoryConsumer"]
-
-
-@dataclass
-class _PartitionState:
-    """kafka-python's TopicPartitionState, the part of it that matters here."""
-
-    position: int | None = None
-    highwater: int | None = None
-    paused: bool = False
-    reset: str | None = None  # "earliest"/"latest" while a reset is pending
-
-
-@dataclass
-class _Answer:
-    tp: TopicPartition
-    fetch_offset: int
-    answer: FetchAnswer
-
-
-@dataclass
-class _Buffered:
-    """Records of a parsed answer not yet returned (kafka-python's PartitionRecords)."""
-
-    tp: TopicPartition
-    next_offset: int
-    records: deque[ConsumerRecord] = field(default_factory=deque)
-    exhausted: bool = False
-
-
-@dataclass
-class _Request:
-    offsets: dict[TopicPartition, int]  # fetch offsets
-    answers: list[_Answer]
-    sent_at_poll: int
 
 
 class MemoryConsumer:
@@ -86,13 +59,13 @@ class MemoryConsumer:
         broker.check_up("bootstrap")
         self._broker = broker
         self._closed = False
-        self._assignment: dict[TopicPartition, _PartitionState] = {}
+        self._assignment: dict[TopicPartition, PartitionState] = {}
         self._user_assignment: set[TopicPartition] = set()
-        self._answers: deque[_Answer] = deque()
-        self._buffered: _Buffered | None = None
+        self._answers: deque[HeldAnswer] = deque()
+        self._buffered: Buffered | None = None
         # Answers and records of paused partitions, set aside until resumed (KAFKA-7548).
-        self._parked: dict[TopicPartition, _Answer | _Buffered] = {}
-        self._in_flight: _Request | None = None
+        self._parked: dict[TopicPartition, HeldAnswer | Buffered] = {}
+        self._in_flight: FetchRequest | None = None
         self._polls = 0
         self._metadata = ClientMetadata(broker, self.config["metadata_max_age_ms"],
                                         self.config["allow_auto_create_topics"])
@@ -128,7 +101,7 @@ class MemoryConsumer:
             if tp not in wanted:
                 del self._assignment[tp]
         for tp in partitions:
-            self._assignment.setdefault(tp, _PartitionState())
+            self._assignment.setdefault(tp, PartitionState())
         self._track({tp.topic for tp in partitions})
 
     def unsubscribe(self) -> None:
@@ -146,7 +119,7 @@ class MemoryConsumer:
         return set(self._assignment)
 
     def _state(self, tp: TopicPartition, error: type[Exception] | None = None
-               ) -> _PartitionState:
+               ) -> PartitionState:
         if not isinstance(tp, TopicPartition):
             raise TypeError("partition must be a TopicPartition namedtuple")
         if tp not in self._assignment:
@@ -272,9 +245,9 @@ class MemoryConsumer:
                 assert state.position is not None
                 offsets[tp] = state.position
         if offsets:
-            self._in_flight = _Request(offsets, self._answer(offsets), self._polls)
+            self._in_flight = FetchRequest(offsets, self._answer(offsets), self._polls)
 
-    def _answer(self, offsets: dict[TopicPartition, int]) -> list[_Answer]:
+    def _answer(self, offsets: dict[TopicPartition, int]) -> list[HeldAnswer]:
         """The broker's answer now: each partition up to ``max_partition_fetch_bytes``, all
         up to ``fetch_max_bytes``, the first record of the response whatever its size."""
         budget = self.config["fetch_max_bytes"]
@@ -286,7 +259,7 @@ class MemoryConsumer:
                                         at_least_one=first)
             budget -= sum(map(record_size, answer.records))
             first = first and not answer.records
-            out.append(_Answer(tp, offset, answer))
+            out.append(HeldAnswer(tp, offset, answer))
         return out
 
     def _maybe_complete(self) -> None:
@@ -333,14 +306,14 @@ class MemoryConsumer:
     def _unpark(self) -> None:
         for tp in [tp for tp in self._parked if not self._paused(tp)]:
             held = self._parked.pop(tp)
-            if isinstance(held, _Answer):
+            if isinstance(held, HeldAnswer):
                 self._answers.append(held)
             elif self._buffered is None or self._buffered.exhausted:
                 self._buffered = held
             else:
                 self._parked[tp] = held  # the in-line slot is taken: next time
 
-    def _parse(self, answer: _Answer) -> _Buffered | None:
+    def _parse(self, answer: HeldAnswer) -> Buffered | None:
         """kafka-python's ``_parse_fetched_data``: an answer counts only for a fetchable
         partition whose position is still the fetch offset."""
         tp, got = answer.tp, answer.answer
@@ -353,7 +326,7 @@ class MemoryConsumer:
             if state.position != answer.fetch_offset:
                 return None
             state.highwater = got.highwater
-            return _Buffered(tp, answer.fetch_offset, deque(
+            return Buffered(tp, answer.fetch_offset, deque(
                 consumer_record(tp.topic, tp.partition, r) for r in got.records))
         if got.error == "out_of_range" and state.position == answer.fetch_offset:
             if self.config["auto_offset_reset"] == "none":
@@ -362,7 +335,7 @@ class MemoryConsumer:
         self._to_end(tp)
         return None
 
-    def _take(self, drained: dict[TopicPartition, list[ConsumerRecord]], buffered: _Buffered,
+    def _take(self, drained: dict[TopicPartition, list[ConsumerRecord]], buffered: Buffered,
               count: int) -> int:
         """kafka-python's ``_append``: the buffered records go out only while they continue
         the position; else they are dropped."""

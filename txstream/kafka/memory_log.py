@@ -1,16 +1,19 @@
-"""The in-memory broker's storage (:mod:`txstream.kafka.memory`): topics of partition logs, and
-what a fetch of one partition answers."""
+"""The in-memory broker's storage (:mod:`txstream.kafka.memory`): topics of partition logs,
+what a fetch of one partition answers, and how a consumer holds those answers."""
 
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from txstream.kafka.protocols import ConsumerRecord
+from txstream.kafka.protocols import ConsumerRecord, TopicPartition
 
 __all__ = ["CREATE_TIME", "LOG_APPEND_TIME", "DEFAULT_RETENTION_MS", "Headers", "StoredRecord",
-           "FetchAnswer", "PartitionLog", "Topic", "record_size", "consumer_record"]
+           "FetchAnswer", "PartitionLog", "Topic", "record_size", "consumer_record",
+           "PartitionState", "HeldAnswer", "Buffered", "FetchRequest"]
 
 CREATE_TIME, LOG_APPEND_TIME = 0, 1
 DEFAULT_RETENTION_MS = 7 * 86_400_000  # Kafka's log.retention.hours=168
@@ -52,6 +55,50 @@ def consumer_record(topic: str, partition: int, r: StoredRecord) -> ConsumerReco
         len(r.value) if r.value is not None else -1,
         sum(len(k.encode()) + len(v) for k, v in r.headers) if r.headers else -1)
     return record
+
+
+# --- a consumer's state of its fetches (txstream.kafka.memory_consumer) ---------------------
+
+
+@dataclass
+class PartitionState:
+    """kafka-python's TopicPartitionState, the part of it that matters here."""
+
+    position: int | None = None
+    highwater: int | None = None
+    paused: bool = False
+    reset: str | None = None  # "earliest"/"latest" while a reset is pending
+
+
+@dataclass
+class HeldAnswer:
+    """A fetch answer of one partition as the consumer holds it till it is parsed."""
+
+    tp: TopicPartition
+    fetch_offset: int
+    answer: FetchAnswer
+
+
+@dataclass
+class Buffered:
+    """Records of a parsed answer not yet returned (kafka-python's PartitionRecords)."""
+
+    tp: TopicPartition
+    next_offset: int
+    records: deque[ConsumerRecord] = field(default_factory=deque)
+    exhausted: bool = False
+
+
+@dataclass
+class FetchRequest:
+    """A fetch in flight: the offsets it was sent at, and its answers as of then."""
+
+    offsets: dict[TopicPartition, int]  # fetch offsets
+    answers: list[HeldAnswer]
+    sent_at_poll: int
+
+
+# --- storage -------------------------------------------------------------------------------
 
 
 class PartitionLog:
