@@ -8,6 +8,12 @@ taken only for a partition still assigned and fetchable whose position is its fe
 buffered records (one node: one fetch in flight), answered with the log as it is now; (4)
 records drained are returned, the fetch just sent staying in flight (the pipelined fetch);
 else that fetch may come back now and is drained.
+
+``isolation_level``: a ``read_committed`` consumer is answered below the last stable offset,
+without aborted records, and its ``highwater()`` is that offset (as txstream's
+``CommittedEndConsumer``); a ``read_uncommitted`` one reads every record to the high watermark.
+Neither gets markers, and the position moves past those and the aborted records a fetch
+stepped over once its records are all taken, as kafka-python's does.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from txstream.kafka.memory_log import (
     consumer_record,
     record_size,
 )
-from txstream.kafka.memory_metadata import ClientMetadata
+from txstream.kafka.memory_metadata import ClientMetadata, list_offsets
 from txstream.kafka.protocols import ConsumerRecord, TopicPartition
 
 __all__ = ["MemoryConsumer"]
@@ -49,13 +55,12 @@ class MemoryConsumer:
             raise KafkaConfigurationError(f"Unrecognized configs: {extra}")
         if configs.get("auto_offset_reset", "latest") not in ("earliest", "latest", "none"):
             raise KafkaConfigurationError("auto_offset_reset must be earliest, latest or none")
-        # No transactions here, so every record is committed: both levels read the same.
         if configs.get("isolation_level", "read_uncommitted") not in ("read_committed",
                                                                       "read_uncommitted"):
-            raise KafkaConfigurationError("isolation_level must be read_committed or "
-                                          "read_uncommitted")
+            raise KafkaConfigurationError("Unrecognized isolation_level")
         self.config = copy.copy(KafkaConsumer.DEFAULT_CONFIG)
         self.config.update(configs)
+        self._committed = self.config["isolation_level"] == "read_committed"
         broker.check_up("bootstrap")
         self._broker = broker
         self._closed = False
@@ -160,6 +165,15 @@ class MemoryConsumer:
     def highwater(self, partition: TopicPartition) -> int | None:
         return self._state(partition).highwater
 
+    def beginning_offsets(self, partitions: Iterable[TopicPartition],
+                          timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        return list_offsets(self._broker, partitions, True, self._committed)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
+                    ) -> dict[TopicPartition, int]:
+        """ListOffsets: the ends, a ``read_committed`` consumer's the last stable offsets."""
+        return list_offsets(self._broker, partitions, False, self._committed)
+
     def forget_fetched(self) -> None:
         """What :func:`txstream.kafka.reading.fetch_ends` does to kafka-python's fetcher: the
         fetch in flight comes back and, with every answer held, is dropped."""
@@ -189,7 +203,8 @@ class MemoryConsumer:
                 state.reset = self.config["auto_offset_reset"]
             if state.reset is None or self._broker.down:
                 continue
-            offset = self._broker.list_offset(tp.topic, tp.partition, state.reset == "earliest")
+            offset = self._broker.list_offset(tp.topic, tp.partition, state.reset == "earliest",
+                                              self._committed)
             if offset is not None:
                 state.position, state.reset = offset, None
 
@@ -256,7 +271,7 @@ class MemoryConsumer:
         out = []
         for tp, offset in offsets.items():
             answer = self._broker.fetch(tp.topic, tp.partition, offset, min(limit, budget),
-                                        at_least_one=first)
+                                        first, self._committed)
             budget -= sum(map(record_size, answer.records))
             first = first and not answer.records
             out.append(HeldAnswer(tp, offset, answer))
@@ -325,9 +340,10 @@ class MemoryConsumer:
         if got.error is None:
             if state.position != answer.fetch_offset:
                 return None
-            state.highwater = got.highwater
+            state.highwater = got.last_stable if self._committed else got.highwater
             return Buffered(tp, answer.fetch_offset, deque(
-                consumer_record(tp.topic, tp.partition, r) for r in got.records))
+                consumer_record(tp.topic, tp.partition, r) for r in got.records),
+                end=got.next_offset)
         if got.error == "out_of_range" and state.position == answer.fetch_offset:
             if self.config["auto_offset_reset"] == "none":
                 raise OffsetOutOfRangeError({tp: answer.fetch_offset})
@@ -351,6 +367,8 @@ class MemoryConsumer:
             drained.setdefault(tp, []).extend(taken)
             buffered.next_offset = taken[-1].offset + 1
             self._to_end(tp)
+        if buffered.exhausted:  # past the markers and aborted records after the last record
+            buffered.next_offset = max(buffered.next_offset, buffered.end)
         state.position = buffered.next_offset
         return len(taken)
 

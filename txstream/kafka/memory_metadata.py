@@ -1,5 +1,5 @@
 """What clients of the in-memory broker (:mod:`txstream.kafka.memory`) know of it without
-fetching: their view of its topics (kafka-python's cluster metadata)."""
+fetching: their view of its topics (kafka-python's cluster metadata), and ListOffsets."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from txstream.kafka.errors import KafkaTimeoutError
+from txstream.kafka.protocols import TopicPartition
+
 if TYPE_CHECKING:
     from txstream.kafka.memory import MemoryBroker
 
-__all__ = ["ClientMetadata"]
+__all__ = ["ClientMetadata", "list_offsets"]
 
 
 class ClientMetadata:
@@ -49,3 +52,18 @@ class ClientMetadata:
         if topic not in self.partitions or self.stale():
             self.refresh([topic] if named else ())
         return self.partitions.get(topic)
+
+
+def list_offsets(broker: MemoryBroker, partitions: Iterable[TopicPartition], earliest: bool,
+                 committed: bool) -> dict[TopicPartition, int]:
+    """kafka-python's ``beginning_offsets``/``end_offsets``: ListOffsets of each partition,
+    the end of a ``read_committed`` consumer's the last stable offset. A partition that does
+    not exist, or a broker that is down, makes it wait out its timeout, as kafka-python."""
+    found: dict[TopicPartition, int] = {}
+    for tp in partitions:
+        offset = None if broker.down else broker.list_offset(tp.topic, tp.partition, earliest,
+                                                             committed)
+        if offset is None:
+            raise KafkaTimeoutError(f"Failed to get offsets by timestamps: no answer for {tp}")
+        found[tp] = offset
+    return found
