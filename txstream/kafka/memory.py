@@ -24,20 +24,22 @@ ListOffsets (a reset to ``latest``, ``end_offsets``) answers right, as tansu's d
 Kafka or tansu (the broker the tests run): :meth:`MemoryBroker.like_tansu` answers as tansu
 does where the two differ: a ``LogAppendTime`` topic keeps the producer's timestamp; a fetch
 past the end is empty, not out of range; the broker's configs are not told; auto-created
-topics get 4 partitions. tests/test_memory_kafka_contract.py holds it to tansu.
+topics get 4 partitions. tests/test_memory_kafka_contract.py holds it to tansu and Kafka.
 
 Done when the simulation says so: :meth:`MemoryBroker.apply_retention` (drops records older
 than the topic's ``retention.ms``), :meth:`MemoryBroker.delete_records` and
-:meth:`MemoryBroker.compact` (the last record per key; offsets keep their gaps).
+:meth:`MemoryBroker.compact` (the last record per key, below the last stable offset, aborted
+records dropped; offsets keep their gaps). A transaction open past its timeout is aborted as
+soon as the broker is next asked or written to.
 
 Faults the simulation switches: ``down`` (no answer to anything: polls bring nothing new,
 sends are not acknowledged and their records expire with kafka-python's ``KafkaTimeoutError``,
 new clients cannot bootstrap); :meth:`MemoryBroker.refuse_appends` (one partition takes no
 writes for a while, the others do: Kafka acknowledges each partition on its own);
-:meth:`MemoryBroker.in_doubt_next` (a send that is stored but
-whose acknowledgement is lost: the future fails, the record is there); ``on_append`` (called
-before each append a client makes: raising there, e.g. to kill a simulated process mid-write,
-leaves that record and those after it unwritten and the broker consistent).
+:meth:`MemoryBroker.in_doubt_next` (a send that is stored but whose acknowledgement is lost:
+the future fails, the record is there); ``on_append`` (called before each append a client
+makes, not before a marker: raising there, e.g. to kill a simulated process mid-write, leaves
+that record and those after it unwritten and the broker consistent).
 
 For a simulation: txstream keeps clients per process (``cached_client``; the sink's
 ``Delivery`` also remembers topics per bootstrap string): a simulated process that dies must
