@@ -1,7 +1,8 @@
 """The in-memory Kafka broker (txstream.kafka.memory) behind txstream's client seam: its topics,
 records, retention, registry and faults. kafka-python's consumer quirks it reproduces are in
-tests/test_memory_kafka_quirks.py; what it shares with tansu, and txstream's sink running on
-it, in tests/test_memory_kafka_contract.py."""
+tests/test_memory_kafka_quirks.py; its Kafka transactions in
+tests/test_memory_kafka_transactions.py; what it shares with tansu and Apache Kafka, and
+txstream's sink running on it, in tests/test_memory_kafka_contract.py."""
 
 from __future__ import annotations
 
@@ -157,14 +158,19 @@ def test_the_registry_and_unknown_names(clock: Clock) -> None:
         wait_for_broker(broker.settings)
 
 
-def test_groups_and_transactions_are_refused_by_name(mem: MemoryBroker) -> None:
+def test_groups_are_refused_by_name(mem: MemoryBroker) -> None:
     consumer = make_consumer(mem.settings, group_id="g")
     for call in (lambda: consumer.subscribe(["t"]), consumer.commit,
                  lambda: consumer.committed(TopicPartition("t", 0))):
         with pytest.raises(UnsupportedByMemoryBroker, match="consumer groups"):
             call()
-    with pytest.raises(UnsupportedByMemoryBroker, match="transactions"):
-        make_producer(mem.settings).init_transactions()
+    # Transactions are there (tests/test_memory_kafka_transactions.py), but their offsets go
+    # to a group's coordinator.
+    producer = make_producer(mem.settings, transactional_id="t")
+    producer.init_transactions()
+    producer.begin_transaction()
+    with pytest.raises(UnsupportedByMemoryBroker, match="consumer groups"):
+        producer.send_offsets_to_transaction({}, "g")
 
 
 # --- faults --------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 ``MemoryBroker.like_tansu``, the session's tansu and the session's Apache Kafka, through
 txstream's own Kafka code (clients, readers, provisioning, delivery). Where the two real
 brokers differ, the scenario says how, and which the in-memory one follows
-(docs/deployment.md lists the differences). Then txstream's sink runs on the memory broker:
-``send_rows`` with its replay check, and ``BodySource``."""
+(docs/deployment.md lists the differences); in Kafka transactions it follows Apache Kafka, and
+a scenario tansu cannot run runs on the memory broker and Apache Kafka only (``isolating``).
+Then txstream's sink runs on the memory broker: ``send_rows`` with its replay check, in a Kafka
+transaction too, and ``BodySource``."""
 
 from __future__ import annotations
 
@@ -327,6 +329,102 @@ def test_send_rows_writes_a_batch_replayed_after_a_crash_once(memory: World) -> 
     _process_died()
 
 
+def _sink_rows(real: str, topics: Topics, n: int = 3) -> list[Any]:
+    """``n`` releases and their notes, with the ids of one batch's key (as
+    tests/test_transactional_sink.py's, which run on Apache Kafka)."""
+    from txstream.outputs import encode_history
+
+    rows: list[Any] = []
+    for i in range(n):
+        txid, rid = f"tx-{i}", f"t.1.5.{i}"
+        rows.append(output_row(Kind.VISIBLE, real, f"order-{i}".encode(), f"body {i}".encode(),
+                               pack_headers(((H.TRANSACTION_ID, txid.encode()),
+                                             (H.RECORD_ID, rid.encode()))), rid, 5))
+        [(history, _)] = encode_history([(txid, 5, "released", {})], b"1", topics)
+        rows.append(output_row(Kind.HISTORY, topics.history, history.key, history.value,
+                               pack_headers(((H.RECORD_ID, f"t.1.5.n{i}".encode()),)),
+                               f"t.1.5.n{i}", 5))
+    return rows
+
+
+def _sink_topics(memory: World) -> tuple[Topics, str, SinkOptions]:
+    broker = memory.memory
+    assert broker is not None
+    topics, real = Topics.with_prefix(memory.prefix), memory.topic("orders")
+    for topic in (real, topics.history, topics.dead_letter):
+        broker.create_topic(topic, 1)  # one partition each: the tests read partition 0
+    return topics, real, SinkOptions(kafka=memory.settings,
+                                     transactional_id=f"txstream-{memory.prefix}",
+                                     dead_letter_topic=topics.dead_letter)
+
+
+def _notes(settings: KafkaSettings, topics: Topics) -> list[str]:
+    from txstream.outputs import decode_history
+
+    return [f"{n['transaction_id']}:{n['event']}" for r in read_topic(settings, topics.history)
+            for n in decode_history(r.value)]
+
+
+def test_send_rows_in_a_transaction_killed_before_its_commit_leaves_nothing(
+        memory: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink task killed mid-transaction leaves nothing a read_committed reader sees, nor
+    holds it back once the replay's producer aborted the transaction; the replay releases
+    each message once (tests/test_transactional_sink.py, on the memory broker)."""
+    from txstream.sinks.transactional import TransactionalDelivery
+
+    broker = memory.memory
+    assert broker is not None
+    topics, real, options = _sink_topics(memory)
+
+    class Killed(Exception):
+        pass
+
+    def die(self: TransactionalDelivery) -> None:  # the releases sent and acknowledged
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TransactionalDelivery, "_note_dead_letters", die)
+        with pytest.raises(Killed):
+            send_rows(options, _sink_rows(real, topics))
+    _process_died()  # its producer is gone, its transaction left open
+    assert [r.value for r in broker.records(real, 0)] == [b"body 0", b"body 1", b"body 2"]
+    assert partition_ends(memory.settings, real) == {0: 0}  # the last stable offset
+    assert read_topic(memory.settings, real) == [] and _notes(memory.settings, topics) == []
+
+    commit = send_rows(options, _sink_rows(real, topics))  # the task run again: a replay
+    assert commit.counts == {Kind.VISIBLE: 3, Kind.HISTORY: 3} and commit.already_written == 0
+    assert broker.transactions_of(real, 0).aborted == {0, 1, 2}  # the killed attempt's
+    assert [r.value for r in read_topic(memory.settings, real)] == [b"body 0", b"body 1",
+                                                                     b"body 2"]
+    assert _notes(memory.settings, topics) == ["tx-0:released", "tx-1:released",
+                                               "tx-2:released"]
+    # Once more (the batch's commit was lost): the replay check finds all of it.
+    again = send_rows(options, _sink_rows(real, topics))
+    assert (again.already_written, again.counts) == (6, {})
+    assert len(read_topic(memory.settings, real)) == 3 and len(_notes(memory.settings,
+                                                                      topics)) == 3
+    _process_died()
+
+
+def test_send_rows_takes_back_a_transactional_id_another_producer_fenced(
+        memory: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another worker process ran this partition's task of a later batch: its producer of the
+    same transactional id fenced this process's cached one, which makes a new one."""
+    from txstream.kafka.transactions import make_transactional_producer
+
+    topics, real, options = _sink_topics(memory)
+    monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
+    rows = _sink_rows(real, topics, n=2)
+    send_rows(options, rows[:2])
+    other = make_transactional_producer(memory.settings, f"{options.transactional_id}-0")
+    other.close()
+    commit = send_rows(options, rows[2:])
+    assert commit.counts == {Kind.VISIBLE: 1, Kind.HISTORY: 1}
+    assert [r.value for r in read_topic(memory.settings, real)] == [b"body 0", b"body 1"]
+    assert _notes(memory.settings, topics) == ["tx-0:released", "tx-1:released"]
+    _process_died()
+
+
 def test_body_source_reads_held_bodies_back(memory: World) -> None:
     broker = memory.memory
     assert broker is not None
@@ -382,3 +480,157 @@ def test_the_source_plans_and_reads_batches_on_the_memory_broker(memory: World) 
     assert rows == len(records) + 1  # and the batch's progress row
     reader.commit(end)
     _process_died()
+
+
+# --- Kafka transactions (KIP-98) -------------------------------------------------------------
+# The memory broker follows Apache Kafka in all of them (txstream.kafka.memory_transactions):
+# with --transactions auto txstream writes in transactions only where a broker isolates them.
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+def isolating(request: pytest.FixtureRequest) -> Iterator[World]:
+    """The memory broker and Apache Kafka, for the scenarios tansu cannot run: it takes the
+    transactional calls, but a fenced producer's ``commit_transaction`` never returns on it
+    (kafka-python waits for an EndTxn answer it does not get: tried for 30 s), and its
+    ``read_committed`` readers get aborted records (tests/test_transactions_probe.py)."""
+    if request.param == "kafka":
+        yield World(request.getfixturevalue("apache_kafka_settings"), f"c{uuid.uuid4().hex[:8]}_",
+                    kind="kafka")
+    else:
+        yield from _memory_world()
+
+
+def _transactional(world: World) -> Any:
+    from txstream.kafka.transactions import make_transactional_producer
+
+    return make_transactional_producer(world.settings, f"{world.prefix}tx")
+
+
+def _end_offsets(world: World, tps: list[TopicPartition], level: str) -> dict[int, int]:
+    consumer = make_consumer(world.settings, isolation_level=level)
+    try:
+        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def _read_from_0(world: World, tp: TopicPartition, level: str) -> tuple[list[bytes], int]:
+    """The values a new reader at ``level`` returns of ``tp`` from 0 to its end (its
+    ``highwater()``), and its position then."""
+    consumer = make_consumer(world.settings, isolation_level=level)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        return [r.value for r in _read(consumer, tp)], consumer.position(tp)
+    finally:
+        consumer.close()
+
+
+def test_committed_and_aborted_transactions_at_both_isolation_levels(world: World) -> None:
+    """A committed transaction and an aborted one across two partitions. Each ends with a
+    marker that takes an offset; a reader that read to the end is past it. tansu's
+    read_committed readers get the aborted records too; the rest is the same on it."""
+    from txstream.kafka import TopicReader
+
+    topic = world.create("t", 2)
+    tps = [TopicPartition(topic, p) for p in (0, 1)]
+    producer = _transactional(world)
+    try:
+        producer.begin_transaction()
+        for value, p in ((b"c0", 0), (b"c1", 1), (b"c2", 0)):
+            producer.send(topic, value=value, partition=p)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        for value, p in ((b"a0", 0), (b"a1", 1)):
+            producer.send(topic, value=value, partition=p)
+        producer.flush()
+        producer.abort_transaction()
+    finally:
+        producer.close()
+    # Partition 0: c0 c2 COMMIT a0 ABORT; partition 1: c1 COMMIT a1 ABORT.
+    ends = {0: 5, 1: 4}
+    everything = {0: [b"c0", b"c2", b"a0"], 1: [b"c1", b"a1"]}
+    committed = everything if world.kind == "tansu" else {0: [b"c0", b"c2"], 1: [b"c1"]}
+    for level, wanted in (("read_committed", committed), ("read_uncommitted", everything)):
+        assert _end_offsets(world, tps, level) == ends
+        assert {tp.partition: _read_from_0(world, tp, level) for tp in tps} == {
+            p: (wanted[p], ends[p]) for p in (0, 1)}
+        with TopicReader(world.settings, [topic], isolation_level=level) as reader:
+            got = reader.read_new()
+            assert reader.positions() == {(topic, p): ends[p] for p in (0, 1)}
+        assert sorted((r.partition, r.value) for r in got) == sorted(
+            (p, v) for p in (0, 1) for v in wanted[p])
+    assert partition_ends(world.settings, topic) == ends
+
+
+def test_an_open_transaction_holds_read_committed_readers_back_until_it_commits(
+        world: World) -> None:
+    """The last stable offset: a read_committed reader stops at the open transaction's first
+    record, records after it (another producer's) wait with it. tansu holds readers back too,
+    but answers a read_committed ListOffsets wrongly (docs/deployment.md: its end offsets are;
+    txstream reads ends by fetching)."""
+    topic = world.create("t", 1)
+    tp = TopicPartition(topic, 0)
+    _produce(world.settings, topic, 1)
+    producer = _transactional(world)
+    try:
+        producer.begin_transaction()
+        producer.send(topic, value=b"open", partition=0).get(timeout=10)
+        _produce(world.settings, topic, 1)  # v0 again, after the open transaction's record
+        assert partition_ends(world.settings, topic) == {0: 1}
+        assert _read_from_0(world, tp, "read_committed") == ([b"v0"], 1)
+        assert _read_from_0(world, tp, "read_uncommitted") == ([b"v0", b"open", b"v0"], 3)
+        if world.kind != "tansu":
+            assert _end_offsets(world, [tp], "read_committed") == {0: 1}
+        assert _end_offsets(world, [tp], "read_uncommitted") == {0: 3}
+        reader = make_consumer(world.settings)  # txstream's default: read_committed
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        assert [r.value for r in _read(reader, tp)] == [b"v0"]
+        producer.commit_transaction()  # its marker at 3
+        later: list[bytes] = []
+        deadline = time.monotonic() + 10  # the reader's high watermark is its last fetch's
+        while reader.position(tp) < 4 and time.monotonic() < deadline:
+            later += [r.value for r in reader.poll(timeout_ms=50).get(tp, [])]
+        assert later == [b"open", b"v0"]
+        assert (reader.position(tp), reader.highwater(tp)) == (4, 4)
+        reader.close()
+    finally:
+        producer.close()
+    assert partition_ends(world.settings, topic) == {0: 4}
+    assert _end_offsets(world, [tp], "read_committed") == {0: 4}
+
+
+def test_a_second_producer_of_the_id_fences_the_first_and_aborts_its_transaction(
+        isolating: World) -> None:
+    from txstream.kafka.errors import KafkaError, ProducerFencedError
+    from txstream.kafka.transactions import fenced
+
+    world = isolating
+    topic = world.create("t", 1)
+    tp = TopicPartition(topic, 0)
+    old = _transactional(world)
+    new = None
+    try:
+        old.begin_transaction()
+        old.send(topic, value=b"zombie", partition=0).get(timeout=10)
+        assert partition_ends(world.settings, topic) == {0: 0}  # held back
+        new = _transactional(world)  # its init_transactions aborts the old one's: a marker
+        assert partition_ends(world.settings, topic) == {0: 2}
+        assert _read_from_0(world, tp, "read_committed") == ([], 2)
+        assert _read_from_0(world, tp, "read_uncommitted") == ([b"zombie"], 2)
+        with pytest.raises(ProducerFencedError):
+            old.commit_transaction()
+        for call in (old.begin_transaction, old.abort_transaction,
+                     lambda: old.send(topic, value=b"late", partition=0)):
+            with pytest.raises(KafkaError) as raised:
+                call()
+            assert fenced(raised.value), raised.value  # its fatal error state, naming the fence
+        new.begin_transaction()
+        new.send(topic, value=b"new", partition=0)
+        new.commit_transaction()
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    assert _read_from_0(world, tp, "read_committed") == ([b"new"], 4)

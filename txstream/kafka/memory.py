@@ -12,28 +12,34 @@ Scope: the subset of Kafka txstream uses, answered in kafka-python 3.0.12's shap
 partitions (:mod:`txstream.kafka.memory_log`); per partition a log of records (offset, key,
 value, headers, timestamp and its type), a log start offset and an end (the high watermark: one
 replica). Idempotent acks=all producers, ``assign()`` consumers, the admin calls of
-:mod:`txstream.kafka.provision`. Not here: consumer groups and Kafka transactions (refused by
-name), ACLs, quotas, replication, record batches (a record is its own batch), a broker-side
-``max.message.bytes`` (the producer's ``max_request_size`` check is kept). ListOffsets (a reset
-to ``latest``) answers right, as tansu's does not; txstream does not rely on it.
+:mod:`txstream.kafka.provision`, and Kafka transactions as Apache Kafka has them, not tansu
+(:mod:`txstream.kafka.memory_transactions`): a transactional producer fences the id's earlier
+one and aborts what it left open; COMMIT and ABORT markers take offsets; ``read_committed``
+consumers read below the last stable offset and skip aborted records, their ``highwater()``
+the last stable offset (as txstream's ``CommittedEndConsumer``). Not here: consumer groups
+(refused by name), ACLs, quotas, replication, record batches (a record is its own batch), a
+broker-side ``max.message.bytes`` (the producer's ``max_request_size`` check is kept).
+ListOffsets (a reset to ``latest``, ``end_offsets``) answers right, as tansu's does not.
 
 Kafka or tansu (the broker the tests run): :meth:`MemoryBroker.like_tansu` answers as tansu
 does where the two differ: a ``LogAppendTime`` topic keeps the producer's timestamp; a fetch
 past the end is empty, not out of range; the broker's configs are not told; auto-created
-topics get 4 partitions. tests/test_memory_kafka_contract.py holds it to tansu.
+topics get 4 partitions. tests/test_memory_kafka_contract.py holds it to tansu and Kafka.
 
 Done when the simulation says so: :meth:`MemoryBroker.apply_retention` (drops records older
 than the topic's ``retention.ms``), :meth:`MemoryBroker.delete_records` and
-:meth:`MemoryBroker.compact` (the last record per key; offsets keep their gaps).
+:meth:`MemoryBroker.compact` (the last record per key, below the last stable offset, aborted
+records dropped; offsets keep their gaps). A transaction open past its timeout is aborted as
+soon as the broker is next asked or written to.
 
 Faults the simulation switches: ``down`` (no answer to anything: polls bring nothing new,
 sends are not acknowledged and their records expire with kafka-python's ``KafkaTimeoutError``,
 new clients cannot bootstrap); :meth:`MemoryBroker.refuse_appends` (one partition takes no
 writes for a while, the others do: Kafka acknowledges each partition on its own);
-:meth:`MemoryBroker.in_doubt_next` (a send that is stored but
-whose acknowledgement is lost: the future fails, the record is there); ``on_append`` (called
-before each append a client makes: raising there, e.g. to kill a simulated process mid-write,
-leaves that record and those after it unwritten and the broker consistent).
+:meth:`MemoryBroker.in_doubt_next` (a send that is stored but whose acknowledgement is lost:
+the future fails, the record is there); ``on_append`` (called before each append a client
+makes, not before a marker: raising there, e.g. to kill a simulated process mid-write, leaves
+that record and those after it unwritten and the broker consistent).
 
 For a simulation: txstream keeps clients per process (``cached_client``; the sink's
 ``Delivery`` also remembers topics per bootstrap string): a simulated process that dies must
@@ -91,6 +97,12 @@ from txstream.kafka.memory_log import (
     StoredRecord,
     Topic,
 )
+from txstream.kafka.memory_metadata import ClientMetadata
+from txstream.kafka.memory_transactions import (
+    PartitionTransactions,
+    ProducerToken,
+    TransactionCoordinator,
+)
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = [
@@ -116,7 +128,7 @@ Clock = Callable[[], int]
 
 
 class UnsupportedByMemoryBroker(TxStreamError, NotImplementedError):
-    """A client call the in-memory broker does not implement (consumer groups, transactions)."""
+    """A client call the in-memory broker does not implement (consumer groups)."""
 
 
 class MemoryBroker:
@@ -155,6 +167,7 @@ class MemoryBroker:
         self._in_doubt = 0
         self._refusing: dict[tuple[str, int], int] = {}  # partition -> refuses until (ms)
         self._topics: dict[str, Topic] = {}
+        self.transactions = TransactionCoordinator(clock)
 
     @classmethod
     def like_tansu(cls, name: str, clock: Clock, rng: random.Random | None = None,
@@ -258,42 +271,69 @@ class MemoryBroker:
             return StoredRecord(log.end, key, value, headers, self.clock(), LOG_APPEND_TIME)
         return StoredRecord(log.end, key, value, headers, timestamp, CREATE_TIME)
 
-    def client_append(self, topic: str, partition: int, record: StoredRecord) -> bool:
-        """Append a client's record: ``on_append`` first (raising there appends nothing).
-        Returns False when its acknowledgement is lost (:meth:`in_doubt_next`)."""
+    def client_append(self, topic: str, partition: int, record: StoredRecord,
+                      producer: ProducerToken | None = None) -> bool:
+        """Append a client's record (``producer``: in its transaction, which must have the
+        partition): ``on_append`` first (raising there appends nothing). Returns False when
+        its acknowledgement is lost (:meth:`in_doubt_next`)."""
+        log = self._log(topic, partition)
+        if producer is not None:
+            self.transactions.check(producer)  # a fenced producer's record is refused
         if self.on_append is not None:
             self.on_append(topic, partition, record)
-        self._log(topic, partition).append(*record[1:])
+        log.append(*record[1:])
+        if producer is not None:
+            log.txn.wrote(producer.producer_id, record.offset)
         if self._in_doubt > 0:
             self._in_doubt -= 1
             return False
         return True
 
+    def join_transaction(self, producer: ProducerToken, topic: str, partition: int) -> None:
+        """AddPartitionsToTxn (ProducerFencedError for a fenced producer)."""
+        self.transactions.add_partition(producer, self._log(topic, partition))
+
     def records(self, topic: str, partition: int) -> list[StoredRecord]:
+        """The partition's records (no markers: they hold none), aborted ones too."""
+        self.transactions.expire()
         return list(self._log(topic, partition).records)
+
+    def transactions_of(self, topic: str, partition: int) -> PartitionTransactions:
+        self.transactions.expire()
+        return self._log(topic, partition).txn
 
     def start_offset(self, topic: str, partition: int) -> int:
         return self._log(topic, partition).start
 
     def end_offset(self, topic: str, partition: int) -> int:
+        self.transactions.expire()
         return self._log(topic, partition).end
 
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        self.transactions.expire()
+        return self._log(topic, partition).last_stable
+
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
-              at_least_one: bool = True) -> FetchAnswer:
-        """The answer to a fetch of one partition at ``offset`` (see :meth:`PartitionLog.read`)."""
+              at_least_one: bool = True, committed: bool = False) -> FetchAnswer:
+        """The answer to a fetch of one partition at ``offset``, ``read_committed`` or not
+        (see :meth:`PartitionLog.read`)."""
+        self.transactions.expire()
         found = self._topics.get(topic)
         if found is None or not 0 <= partition < len(found.logs):
-            return FetchAnswer("unknown", -1, -1, ())
+            return FetchAnswer("unknown", -1, -1, (), -1, offset)
         return found.logs[partition].read(offset, max_bytes, self.out_of_range_above_end,
-                                          at_least_one)
+                                          at_least_one, committed)
 
-    def list_offset(self, topic: str, partition: int, earliest: bool) -> int | None:
-        """The log start (earliest) or end, or None for a partition that does not exist."""
+    def list_offset(self, topic: str, partition: int, earliest: bool, committed: bool = False
+                    ) -> int | None:
+        """The log start (earliest) or end (``committed``: the last stable offset), or None
+        for a partition that does not exist."""
+        self.transactions.expire()
         found = self._topics.get(topic)
         if found is None or not 0 <= partition < len(found.logs):
             return None
         log = found.logs[partition]
-        return log.start if earliest else log.end
+        return log.start if earliest else log.last_stable if committed else log.end
 
     # --- retention and compaction ------------------------------------------------------------
 
@@ -350,44 +390,6 @@ class MemoryBroker:
 
         if self.down:
             raise KafkaTimeoutError(f"Failed to get {what}: memory broker {self.name} is down")
-
-
-class ClientMetadata:
-    """A client's view of the topics (kafka-python's ClusterMetadata): partition counts as of
-    its last metadata request, asked again when forgotten or ``max_age_ms`` old by the
-    broker's clock. A request naming topics creates them if ``auto_create`` (the client's
-    ``allow_auto_create_topics``) and the broker does."""
-
-    def __init__(self, broker: MemoryBroker, max_age_ms: int, auto_create: bool) -> None:
-        self.broker, self.max_age_ms, self.auto_create = broker, max_age_ms, auto_create
-        self.partitions: dict[str, int] = {}
-        self.ids: dict[str, uuid.UUID] = {}
-        self.at: int | None = None
-
-    def stale(self) -> bool:
-        return self.at is None or self.broker.clock() - self.at >= self.max_age_ms
-
-    def forget(self) -> None:
-        self.at = None
-
-    def refresh(self, named: Iterable[str] = ()) -> None:
-        self.broker.check_up("metadata")
-        for topic in named if self.auto_create else ():
-            self.broker.maybe_auto_create(topic)
-        self.partitions = {t: self.broker.partition_count(t) or 0
-                           for t in self.broker.topic_names()}
-        self.ids = {t: uuid.UUID(self.broker.topic_id(t)) for t in self.partitions}
-        self.at = self.broker.clock()
-
-    def topic_id(self, topic: str) -> uuid.UUID | None:
-        """As kafka-python's ``ClusterMetadata.topic_id``: as of the last request."""
-        return self.ids.get(topic)
-
-    def count(self, topic: str, named: bool = False) -> int | None:
-        """``topic``'s partitions, asking the broker if it is unknown or the view old."""
-        if topic not in self.partitions or self.stale():
-            self.refresh([topic] if named else ())
-        return self.partitions.get(topic)
 
 
 # --- the registry: the only global state ---------------------------------------------------

@@ -11,6 +11,15 @@ no such partition) waits; a wait long enough to reach ``delivery_timeout_ms`` si
 by the broker's clock (``flush()`` and ``get()`` without a timeout wait that long), expires it
 with kafka-python's ``KafkaTimeoutError``; a shorter one raises the timeout and leaves it
 waiting.
+
+With a ``transactional_id`` it is kafka-python's transactional producer
+(:mod:`txstream.kafka.memory_transactions`): ``init_transactions()`` fences the id's earlier
+producer and aborts what it left open; a send needs ``begin_transaction()``; a partition joins
+the transaction when its first record is delivered; ``commit_transaction()`` delivers what
+waits, then has the broker write a COMMIT marker to each partition; ``abort_transaction()``
+drops what waits (``TransactionAbortedError``) and has ABORT markers written. A record that
+fails (expired, in doubt) leaves the producer able only to abort, and fails what waits behind
+it; one refused because the producer was fenced fails it for good (``ProducerFencedError``).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from txstream.kafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
+    ProducerFencedError,
+    TransactionAbortedError,
 )
 from txstream.kafka.memory import (
     ClientMetadata,
@@ -37,6 +48,7 @@ from txstream.kafka.memory import (
 )
 from txstream.kafka.memory_admin import MemoryAdmin
 from txstream.kafka.memory_consumer import MemoryConsumer
+from txstream.kafka.memory_transactions import ProducerToken, TransactionManager
 from txstream.kafka.protocols import (
     Admin,
     Consumer,
@@ -126,6 +138,7 @@ class _Pending:
     timestamp: int
     sent_at: int  # the broker's clock, for delivery_timeout_ms
     future: RecordFuture
+    producer: ProducerToken | None  # its transaction's producer
 
 
 class MemoryProducer:
@@ -139,9 +152,8 @@ class MemoryProducer:
         extra = set(configs) - set(self.config)
         if extra:
             raise ValueError(f"Unrecognized configs: {sorted(extra)}")
-        if configs.get("transactional_id"):
-            raise UnsupportedByMemoryBroker("the memory broker has no Kafka transactions")
         self.config.update(configs)
+        self._txn = TransactionManager.configured(self.config, configs)
         self._broker = broker
         self.clock = broker.client_clocks.get(str(self.config["client_id"]))
         self._metadata = ClientMetadata(broker, self.config["metadata_max_age_ms"],
@@ -187,12 +199,14 @@ class MemoryProducer:
             raise MessageSizeTooLargeError(
                 f"The message is {size} bytes when serialized which is larger than the maximum "
                 "request size you have configured with the max_request_size configuration")
+        producer = self._txn.check_send() if self._txn is not None else None
         clock = self.clock or self._broker.clock
         future = RecordFuture(self)
         self._pending.append(_Pending(
             topic, partition, None if key is None else bytes(key),
             None if value is None else bytes(value), tuple(headers),
-            clock() if timestamp_ms is None else timestamp_ms, self._broker.clock(), future))
+            clock() if timestamp_ms is None else timestamp_ms, self._broker.clock(), future,
+            producer))
         return future
 
     def flush(self, timeout: float | None = None) -> None:
@@ -218,28 +232,57 @@ class MemoryProducer:
         limit = self.config["delivery_timeout_ms"]
         for pending in list(self._pending):
             if wait_ms is None or wait_ms >= limit - (now - pending.sent_at):
-                self._pending.remove(pending)
-                pending.future.failure(_expired(pending, limit))
+                self._fail(pending, _expired(pending, limit))
+
+    def _fail(self, pending: _Pending, exc: BaseException) -> None:
+        """A waiting record fails; in a transaction, the transaction with it (kafka-python
+        then fails what waits behind it with the same error)."""
+        self._pending.remove(pending)
+        pending.future.failure(exc)
+        if pending.producer is not None and self._txn is not None:
+            self._txn.failed(exc)
 
     def _append(self, pending: _Pending) -> bool:
         """Append one waiting record; False if it cannot be delivered now."""
         broker = self._broker
+        if self._txn is not None and self._txn.has_error():
+            self._fail(pending, self._txn.last_error or TransactionAbortedError())
+            return True
         if broker.down:
             return False
         if self.config["allow_auto_create_topics"]:
             broker.maybe_auto_create(pending.topic)  # its retries ask for metadata again
         if not 0 <= pending.partition < (broker.partition_count(pending.topic) or 0):
             return False
+        if pending.producer is not None and not self._joined(pending):
+            return True
         if broker.refuses(pending.topic, pending.partition):
             return False  # kafka-python retries NOT_ENOUGH_REPLICAS until it expires
         record = broker.stamp(pending.topic, pending.partition, pending.key, pending.value,
                               pending.headers, pending.timestamp)
-        acknowledged = broker.client_append(pending.topic, pending.partition, record)
-        self._pending.remove(pending)
+        try:
+            acknowledged = broker.client_append(pending.topic, pending.partition, record,
+                                                pending.producer)
+        except ProducerFencedError as exc:
+            self._fail(pending, exc)
+            return True
         if not acknowledged:
-            pending.future.failure(_expired(pending, self.config["delivery_timeout_ms"]))
+            self._fail(pending, _expired(pending, self.config["delivery_timeout_ms"]))
         else:
+            self._pending.remove(pending)
             pending.future.success(_metadata(pending, record))
+        return True
+
+    def _joined(self, pending: _Pending) -> bool:
+        """AddPartitionsToTxn before the partition's records; False (the record failed) if
+        the producer was fenced."""
+        assert pending.producer is not None and self._txn is not None
+        try:
+            self._broker.join_transaction(pending.producer, pending.topic, pending.partition)
+        except ProducerFencedError as exc:
+            self._fail(pending, exc)
+            return False
+        self._txn.started = True
         return True
 
     def close(self, timeout: float | None = None, null_logger: bool = False) -> None:
@@ -256,26 +299,44 @@ class MemoryProducer:
         if dropped:
             raise KafkaTimeoutError("Timeout waiting for future")
 
-    # Kafka transactions: refused (a transactional_id is refused when the producer is made).
+    # --- Kafka transactions (memory_transactions.TransactionManager) -------------------------
+
+    def _transactional(self, error: str) -> TransactionManager:
+        if self._txn is None:
+            raise IllegalStateError(error)
+        return self._txn
+
     def init_transactions(self) -> None:
-        raise _no_transactions("init_transactions")
+        """InitProducerId: fences the id's earlier producer, aborts what it left open."""
+        self._transactional("Cannot call init_transactions without setting a "
+                            "transactional_id.").init(self._broker, self.config["max_block_ms"])
 
     def begin_transaction(self) -> None:
-        raise _no_transactions("begin_transaction")
+        self._transactional("Cannot use transactional methods without enabling "
+                            "transactions").begin()
 
     def commit_transaction(self) -> None:
-        raise _no_transactions("commit_transaction")
+        """Deliver what waits (as long as that takes), then EndTxn: COMMIT markers. A record
+        that failed fails the commit with its error: only an abort may follow."""
+        txn = self._transactional("Cannot commit transaction since transactions are not "
+                                  "enabled")
+        txn.begin_commit()
+        self._deliver(None, flushing=False)
+        txn.end(self._broker, commit=True)
 
     def abort_transaction(self) -> None:
-        raise _no_transactions("abort_transaction")
+        """Drop what waits, then EndTxn: ABORT markers (the records stay in the log, aborted)."""
+        txn = self._transactional("Cannot abort transaction since transactions are not "
+                                  "enabled.")
+        txn.begin_abort()
+        for pending in list(self._pending):
+            self._fail(pending, TransactionAbortedError())
+        txn.end(self._broker, commit=False)
 
     def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
                                     group_metadata: object) -> None:
-        raise _no_transactions("send_offsets_to_transaction")
-
-
-def _no_transactions(name: str) -> UnsupportedByMemoryBroker:
-    return UnsupportedByMemoryBroker(f"{name}: the memory broker has no transactions")
+        raise UnsupportedByMemoryBroker("send_offsets_to_transaction: the memory broker has "
+                                        "no consumer groups")
 
 
 def _expired(pending: _Pending, limit: int) -> Exception:

@@ -8,6 +8,12 @@ taken only for a partition still assigned and fetchable whose position is its fe
 buffered records (one node: one fetch in flight), answered with the log as it is now; (4)
 records drained are returned, the fetch just sent staying in flight (the pipelined fetch);
 else that fetch may come back now and is drained.
+
+``isolation_level``: a ``read_committed`` consumer is answered below the last stable offset,
+without aborted records, and its ``highwater()`` is that offset (as txstream's
+``CommittedEndConsumer``); a ``read_uncommitted`` one reads every record to the high watermark.
+Neither gets markers, and the position moves past those and the aborted records a fetch
+stepped over once its records are all taken, as kafka-python's does.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from txstream.kafka.errors import (
@@ -23,45 +28,19 @@ from txstream.kafka.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
 )
-from txstream.kafka.memory import ClientMetadata, MemoryBroker, UnsupportedByMemoryBroker
-from txstream.kafka.memory_log import FetchAnswer, consumer_record, record_size
+from txstream.kafka.memory import MemoryBroker, UnsupportedByMemoryBroker
+from txstream.kafka.memory_log import (
+    Buffered,
+    FetchRequest,
+    HeldAnswer,
+    PartitionState,
+    consumer_record,
+    record_size,
+)
+from txstream.kafka.memory_metadata import ClientMetadata, list_offsets
 from txstream.kafka.protocols import ConsumerRecord, TopicPartition
 
 __all__ = ["MemoryConsumer"]
-
-
-@dataclass
-class _PartitionState:
-    """kafka-python's TopicPartitionState, the part of it that matters here."""
-
-    position: int | None = None
-    highwater: int | None = None
-    paused: bool = False
-    reset: str | None = None  # "earliest"/"latest" while a reset is pending
-
-
-@dataclass
-class _Answer:
-    tp: TopicPartition
-    fetch_offset: int
-    answer: FetchAnswer
-
-
-@dataclass
-class _Buffered:
-    """Records of a parsed answer not yet returned (kafka-python's PartitionRecords)."""
-
-    tp: TopicPartition
-    next_offset: int
-    records: deque[ConsumerRecord] = field(default_factory=deque)
-    exhausted: bool = False
-
-
-@dataclass
-class _Request:
-    offsets: dict[TopicPartition, int]  # fetch offsets
-    answers: list[_Answer]
-    sent_at_poll: int
 
 
 class MemoryConsumer:
@@ -76,23 +55,22 @@ class MemoryConsumer:
             raise KafkaConfigurationError(f"Unrecognized configs: {extra}")
         if configs.get("auto_offset_reset", "latest") not in ("earliest", "latest", "none"):
             raise KafkaConfigurationError("auto_offset_reset must be earliest, latest or none")
-        # No transactions here, so every record is committed: both levels read the same.
         if configs.get("isolation_level", "read_uncommitted") not in ("read_committed",
                                                                       "read_uncommitted"):
-            raise KafkaConfigurationError("isolation_level must be read_committed or "
-                                          "read_uncommitted")
+            raise KafkaConfigurationError("Unrecognized isolation_level")
         self.config = copy.copy(KafkaConsumer.DEFAULT_CONFIG)
         self.config.update(configs)
+        self._committed = self.config["isolation_level"] == "read_committed"
         broker.check_up("bootstrap")
         self._broker = broker
         self._closed = False
-        self._assignment: dict[TopicPartition, _PartitionState] = {}
+        self._assignment: dict[TopicPartition, PartitionState] = {}
         self._user_assignment: set[TopicPartition] = set()
-        self._answers: deque[_Answer] = deque()
-        self._buffered: _Buffered | None = None
+        self._answers: deque[HeldAnswer] = deque()
+        self._buffered: Buffered | None = None
         # Answers and records of paused partitions, set aside until resumed (KAFKA-7548).
-        self._parked: dict[TopicPartition, _Answer | _Buffered] = {}
-        self._in_flight: _Request | None = None
+        self._parked: dict[TopicPartition, HeldAnswer | Buffered] = {}
+        self._in_flight: FetchRequest | None = None
         self._polls = 0
         self._metadata = ClientMetadata(broker, self.config["metadata_max_age_ms"],
                                         self.config["allow_auto_create_topics"])
@@ -128,7 +106,7 @@ class MemoryConsumer:
             if tp not in wanted:
                 del self._assignment[tp]
         for tp in partitions:
-            self._assignment.setdefault(tp, _PartitionState())
+            self._assignment.setdefault(tp, PartitionState())
         self._track({tp.topic for tp in partitions})
 
     def unsubscribe(self) -> None:
@@ -146,7 +124,7 @@ class MemoryConsumer:
         return set(self._assignment)
 
     def _state(self, tp: TopicPartition, error: type[Exception] | None = None
-               ) -> _PartitionState:
+               ) -> PartitionState:
         if not isinstance(tp, TopicPartition):
             raise TypeError("partition must be a TopicPartition namedtuple")
         if tp not in self._assignment:
@@ -187,6 +165,15 @@ class MemoryConsumer:
     def highwater(self, partition: TopicPartition) -> int | None:
         return self._state(partition).highwater
 
+    def beginning_offsets(self, partitions: Iterable[TopicPartition],
+                          timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        return list_offsets(self._broker, partitions, True, self._committed)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
+                    ) -> dict[TopicPartition, int]:
+        """ListOffsets: the ends, a ``read_committed`` consumer's the last stable offsets."""
+        return list_offsets(self._broker, partitions, False, self._committed)
+
     def forget_fetched(self) -> None:
         """What :func:`txstream.kafka.reading.fetch_ends` does to kafka-python's fetcher: the
         fetch in flight comes back and, with every answer held, is dropped."""
@@ -216,7 +203,8 @@ class MemoryConsumer:
                 state.reset = self.config["auto_offset_reset"]
             if state.reset is None or self._broker.down:
                 continue
-            offset = self._broker.list_offset(tp.topic, tp.partition, state.reset == "earliest")
+            offset = self._broker.list_offset(tp.topic, tp.partition, state.reset == "earliest",
+                                              self._committed)
             if offset is not None:
                 state.position, state.reset = offset, None
 
@@ -272,9 +260,9 @@ class MemoryConsumer:
                 assert state.position is not None
                 offsets[tp] = state.position
         if offsets:
-            self._in_flight = _Request(offsets, self._answer(offsets), self._polls)
+            self._in_flight = FetchRequest(offsets, self._answer(offsets), self._polls)
 
-    def _answer(self, offsets: dict[TopicPartition, int]) -> list[_Answer]:
+    def _answer(self, offsets: dict[TopicPartition, int]) -> list[HeldAnswer]:
         """The broker's answer now: each partition up to ``max_partition_fetch_bytes``, all
         up to ``fetch_max_bytes``, the first record of the response whatever its size."""
         budget = self.config["fetch_max_bytes"]
@@ -283,10 +271,10 @@ class MemoryConsumer:
         out = []
         for tp, offset in offsets.items():
             answer = self._broker.fetch(tp.topic, tp.partition, offset, min(limit, budget),
-                                        at_least_one=first)
+                                        first, self._committed)
             budget -= sum(map(record_size, answer.records))
             first = first and not answer.records
-            out.append(_Answer(tp, offset, answer))
+            out.append(HeldAnswer(tp, offset, answer))
         return out
 
     def _maybe_complete(self) -> None:
@@ -333,14 +321,14 @@ class MemoryConsumer:
     def _unpark(self) -> None:
         for tp in [tp for tp in self._parked if not self._paused(tp)]:
             held = self._parked.pop(tp)
-            if isinstance(held, _Answer):
+            if isinstance(held, HeldAnswer):
                 self._answers.append(held)
             elif self._buffered is None or self._buffered.exhausted:
                 self._buffered = held
             else:
                 self._parked[tp] = held  # the in-line slot is taken: next time
 
-    def _parse(self, answer: _Answer) -> _Buffered | None:
+    def _parse(self, answer: HeldAnswer) -> Buffered | None:
         """kafka-python's ``_parse_fetched_data``: an answer counts only for a fetchable
         partition whose position is still the fetch offset."""
         tp, got = answer.tp, answer.answer
@@ -352,9 +340,10 @@ class MemoryConsumer:
         if got.error is None:
             if state.position != answer.fetch_offset:
                 return None
-            state.highwater = got.highwater
-            return _Buffered(tp, answer.fetch_offset, deque(
-                consumer_record(tp.topic, tp.partition, r) for r in got.records))
+            state.highwater = got.last_stable if self._committed else got.highwater
+            return Buffered(tp, answer.fetch_offset, deque(
+                consumer_record(tp.topic, tp.partition, r) for r in got.records),
+                end=got.next_offset)
         if got.error == "out_of_range" and state.position == answer.fetch_offset:
             if self.config["auto_offset_reset"] == "none":
                 raise OffsetOutOfRangeError({tp: answer.fetch_offset})
@@ -362,7 +351,7 @@ class MemoryConsumer:
         self._to_end(tp)
         return None
 
-    def _take(self, drained: dict[TopicPartition, list[ConsumerRecord]], buffered: _Buffered,
+    def _take(self, drained: dict[TopicPartition, list[ConsumerRecord]], buffered: Buffered,
               count: int) -> int:
         """kafka-python's ``_append``: the buffered records go out only while they continue
         the position; else they are dropped."""
@@ -378,6 +367,8 @@ class MemoryConsumer:
             drained.setdefault(tp, []).extend(taken)
             buffered.next_offset = taken[-1].offset + 1
             self._to_end(tp)
+        if buffered.exhausted:  # past the markers and aborted records after the last record
+            buffered.next_offset = max(buffered.next_offset, buffered.end)
         state.position = buffered.next_offset
         return len(taken)
 

@@ -13,7 +13,8 @@ kafka-python's small value types (:class:`TopicPartition`, :class:`OffsetAndMeta
 ``isinstance(tp, TopicPartition)``); mypy sees a NamedTuple of the same fields.
 
 Only the members txstream calls are here. A producer's transactional calls are here too, for
-the transactional producer: kafka-python's producer has them; the memory broker refuses them.
+the transactional producer: kafka-python's producer has them, and so has the memory broker's
+(but for ``send_offsets_to_transaction``: it has no consumer groups).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from txstream.kafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
-from txstream.kafka.memory import UnsupportedByMemoryBroker, is_memory
 from txstream.kafka.protocols import Producer, TopicPartition
 from txstream.kafka.settings import KafkaSettings
 
@@ -76,15 +75,11 @@ def probe_transactions(settings: KafkaSettings, topic: str,
     """Whether the broker isolates transactions, tried on ``topic`` (created if missing, one
     partition). Raises :class:`TransactionsUnavailable` when the probe cannot tell (the
     broker is unreachable, the topic cannot be written or read)."""
-    if is_memory(settings):
-        return Isolation(False, "the in-memory broker has no Kafka transactions")
     _ensure_probe_topic(settings, topic)
     token = uuid.uuid4().hex
     try:
         producer = make_transactional_producer(settings, f"txstream-probe-{token}",
                                                role="probe")
-    except UnsupportedByMemoryBroker as exc:
-        return Isolation(False, str(exc))
     except Exception as exc:
         return Isolation(False, f"the broker refused a transactional producer "
                                 f"({type(exc).__name__}: {exc})")
