@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import txstream.client.check_choice as check_choice
+import txstream.kafka.clients as clients
 import txstream.kafka.read_back as read_back
 import txstream.kafka.reading as reading
 import txstream.sources.bodies as bodies
@@ -34,6 +35,7 @@ import txstream.state.bucket as bucket
 import txstream.state.lifecycle as lifecycle
 import txstream.state.timing as timing
 import txstream.streaming.engine.operator as operator
+import txstream.streaming.engine.transactions as transactions
 from txstream.outputs import CheckRequest
 from txstream.sinks.delivery import Delivery
 from txstream.state.effects import NoteKind, Release
@@ -42,6 +44,7 @@ from txstream.state.timing import anchor
 from txstream.state.transaction import Status
 from txstream.topics import Topics
 
+from sim import schedule
 from sim.actors import COMMIT, Producers
 from sim.mutants import GUARDS
 from sim.oracle import Violation
@@ -249,6 +252,24 @@ def _in_doubt_unsaid(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(kafka_source, "outcome_rows", outcomes_only)
 
 
+def _readers_read_uncommitted(mp: pytest.MonkeyPatch) -> None:
+    """21 (Kafka transactions): txstream's readers read uncommitted records. A batch died
+    mid-transaction; its replay check found the dead attempt's aborted release and left it
+    out, and the replay's committed note then stated a release no reader is ever handed."""
+    mp.setitem(clients._CONSUMER_DEFAULTS, "isolation_level", "read_uncommitted")
+
+
+def _transactional_id_per_checkpoint(mp: pytest.MonkeyPatch) -> None:
+    """22 (Kafka transactions): a new checkpoint took a transactional id of its own. A batch
+    died mid-transaction, a new checkpoint replaced its own: nothing fenced the dead task's
+    id, its open transaction held the partition's last stable offset until its timeout, and
+    the new checkpoint's release stayed out of every read_committed reader's sight."""
+    made = iter(range(1_000_000))
+    mp.setattr(transactions, "transactional_id_of", lambda half: f"txstream-{next(made)}")
+
+
+# (name, the old rule put back, a seed that breaks with it, what the oracle says). A negative
+# seed plays its schedule on the ordered path (no Kafka transactions), where it was found.
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("1-stale-watermark", _stale_body_read, 288, "although its commit was written before"),
     ("2-fresh-checkpoint", _no_recovery, 202, "released 2 times"),
@@ -270,7 +291,11 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("18-checks-by-number", _checks_by_number_only, 25, "was not answered"),
     ("19-recovery-over-emptied-topics", _recovery_only_over_used_topics, 200157,
      "no half message at .* while its outcome"),
-    ("20-in-doubt-unsaid", _in_doubt_unsaid, 205381, "released 2 times"),
+    ("20-in-doubt-unsaid", _in_doubt_unsaid, -205381, "released 2 times"),
+    ("21-readers-read-uncommitted", _readers_read_uncommitted, 142,
+     "the history says released; it is not on its real topic"),
+    ("22-transactional-id-per-checkpoint", _transactional_id_per_checkpoint, 205381,
+     "the history says released; it is not on its real topic"),
     # Each recovery guard taken out (issue 39's oracle defect: none of the first two was seen).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
     ("guard-look", GUARDS["look"], 300, "released 2 times"),
@@ -285,6 +310,9 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
 def test_the_simulation_catches_the_defect(monkeypatch: pytest.MonkeyPatch,
                                            patch: Callable[[pytest.MonkeyPatch], None],
                                            seed: int, broken: str) -> None:
+    if seed < 0:  # the seed's schedule found on the ordered path, before transactions
+        monkeypatch.setattr(schedule, "TRANSACTIONS", False)
+        seed = -seed
     run(seed)  # the fixed code keeps the promise on this schedule
     patch(monkeypatch)
     with pytest.raises((Violation, Exception), match=broken):

@@ -12,7 +12,11 @@ from txstream.errors import ConfigError, TransactionsUnavailable
 from txstream.kafka.transactions import Isolation
 from txstream.streaming.cli.options import add_run_arguments, config_from_args
 from txstream.streaming.engine.config import RunConfig
-from txstream.streaming.engine.transactions import TRANSACTIONS_FILE, choose
+from txstream.streaming.engine.transactions import (
+    TRANSACTIONS_FILE,
+    choose,
+    transactional_id_of,
+)
 
 
 class Store:
@@ -66,6 +70,19 @@ def test_auto_probes_once_per_checkpoint_and_keeps_the_answer() -> None:
                              "reason": "the broker isolates transactions"}
     # Another broker behind the same checkpoint is asked again.
     assert not choose("auto", "t:9092", store, Probe(isolates=False)).on
+
+
+def test_a_new_checkpoint_takes_the_coordinators_transactional_id() -> None:
+    """Its tasks then fence the old checkpoint's and abort what a killed one left open
+    (simulation defect 22); a checkpoint that kept an id of its own keeps it."""
+    base = transactional_id_of("p_RMQ_SYS_TRANS_HALF_TOPIC")
+    assert base == "txstream-p_RMQ_SYS_TRANS_HALF_TOPIC"
+    old, new = Store(), Store()
+    assert choose("on", "k:9092", old, Probe(True), base).transactional_id == base
+    assert choose("on", "k:9092", new, Probe(True), base).transactional_id == base
+    kept = Store()
+    kept.files[TRANSACTIONS_FILE] = json.dumps({"transactional_id": "txstream-0123"})
+    assert choose("on", "k:9092", kept, Probe(True), base).transactional_id == "txstream-0123"
 
 
 def test_auto_on_a_broker_that_does_not_isolate_says_why_in_one_line() -> None:

@@ -162,7 +162,8 @@ def resolve_transactions(spark: Any, config: RunConfig) -> tuple[RunConfig, str 
         return config, None
     choice = choose_for_checkpoint(
         spark, config.checkpoint_dir, config.transactions, config.kafka.bootstrap_servers,
-        lambda: probe_transactions(config.kafka, probe_topic(config.topics.history)))
+        lambda: probe_transactions(config.kafka, probe_topic(config.topics.history)),
+        config.topics.half)
     resolved = config.with_(transactions="on" if choice.on else "off",
                             transactional_id=choice.transactional_id)
     return resolved, choice.line

@@ -9,7 +9,11 @@ starts do not probe again.
 
 The same file keeps the checkpoint's transactional id, from which each sink task's is made
 (with its partition): stable across restarts, so a new attempt of a task fences a zombie one and
-aborts what a killed one left open.
+aborts what a killed one left open. A new checkpoint takes the coordinator's id (named after its
+half topic, which only one coordinator reads), not one of its own: its tasks then fence the old
+checkpoint's too, and abort what they left open. An id of its own left a killed task's
+transaction open until its timeout (130 s by default), and every ``read_committed`` reader of
+the partitions it wrote waited that long (the simulation's seed 205381).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from txstream.errors import ConfigError, TransactionsUnavailable
 from txstream.kafka.transactions import Isolation
 
 __all__ = ["TRANSACTIONS_FILE", "MODES", "TransactionChoice", "TextStore", "choose",
-           "choose_for_checkpoint", "probe_topic"]
+           "choose_for_checkpoint", "probe_topic", "transactional_id_of"]
 
 TRANSACTIONS_FILE = "transactions.json"
 MODES = ("auto", "on", "off")
@@ -76,11 +80,18 @@ def _isolation(kept: dict[str, object], servers: str, probe: Probe,
     return found, False
 
 
-def _transactional_id(kept: dict[str, object], store: TextStore) -> str:
+def transactional_id_of(half_topic: str) -> str:
+    """The coordinator's transactional id: one coordinator reads a half topic."""
+    return f"txstream-{half_topic}"
+
+
+def _transactional_id(kept: dict[str, object], store: TextStore, base: str | None) -> str:
+    """The one kept (a checkpoint made before ids were the coordinator's keeps its own), else
+    ``base`` (else one of its own), kept from now on."""
     tid = kept.get("transactional_id")
     if isinstance(tid, str) and tid:
         return tid
-    kept["transactional_id"] = tid = f"txstream-{uuid.uuid4().hex[:16]}"
+    kept["transactional_id"] = tid = base or f"txstream-{uuid.uuid4().hex[:16]}"
     store.write_text(TRANSACTIONS_FILE, json.dumps(kept, sort_keys=True) + "\n")
     return tid
 
@@ -89,9 +100,11 @@ _OFF = "releases are acknowledged before their notes are sent"
 _ON = "each sink task writes its records in one Kafka transaction"
 
 
-def choose(mode: str, servers: str, store: TextStore, probe: Probe) -> TransactionChoice:
+def choose(mode: str, servers: str, store: TextStore, probe: Probe,
+           base: str | None = None) -> TransactionChoice:
     """The path ``mode`` takes against the broker at ``servers``; raises
-    TransactionsUnavailable for ``on`` against a broker that does not isolate transactions."""
+    TransactionsUnavailable for ``on`` against a broker that does not isolate transactions.
+    ``base``: the transactional id a checkpoint takes (:func:`transactional_id_of`)."""
     if mode not in MODES:
         raise ConfigError(f"--transactions must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "off":
@@ -112,14 +125,15 @@ def choose(mode: str, servers: str, store: TextStore, probe: Probe) -> Transacti
                 "--transactions auto or off on this broker")
         return TransactionChoice(False, None, f"transactions off: {isolation.reason}{known}: "
                                               f"{_OFF}")
-    tid = _transactional_id(kept, store)
+    tid = _transactional_id(kept, store, base)
     how = "--transactions on" if mode == "on" else f"{isolation.reason}{known}"
     return TransactionChoice(True, tid, f"transactions on ({how}): {_ON} ({tid}-<partition>)")
 
 
 def choose_for_checkpoint(spark: object, checkpoint_dir: str, mode: str, servers: str,
-                          probe: Probe) -> TransactionChoice:
+                          probe: Probe, half_topic: str) -> TransactionChoice:
     """:func:`choose`, its answer kept in the checkpoint at ``checkpoint_dir``."""
     from txstream.streaming.engine.checkpoint import Checkpoint
 
-    return choose(mode, servers, Checkpoint(spark, checkpoint_dir), probe)
+    return choose(mode, servers, Checkpoint(spark, checkpoint_dir), probe,
+                  transactional_id_of(half_topic))

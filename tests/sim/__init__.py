@@ -11,5 +11,12 @@ uncommitted batch), reduced to what the coordinator relies on. Producers, their 
 and consumers are :mod:`sim.actors`; a seed decides everything (:mod:`sim.schedule`), and the
 promise is checked after every step (:mod:`sim.oracle`).
 
+The broker answers as tansu does in half of the schedules, as Apache Kafka does in the other
+half; in half of those the sink writes each task's records in one Kafka transaction
+(``Scenario.transactional``, as ``--transactions auto`` does on a broker that isolates them),
+and every actor and the oracle see what a ``read_committed`` consumer is handed. The oracle
+then holds, at every committed batch, that the history says ``released`` only of what a real
+topic holds (invariant 5): a note only with its release.
+
 Run: ``pytest -m sim`` (``TXSTREAM_SIM_SEEDS=N`` schedules; ``TXSTREAM_SIM_SEED=S`` replays one).
 """

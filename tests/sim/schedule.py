@@ -17,11 +17,12 @@ from __future__ import annotations
 import random
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import txstream.kafka.read_back as read_back
+import txstream.streaming.engine.transactions as transactions
 from txstream.errors import TxStreamError
 from txstream.kafka.read_back import READ_BACK_CHUNK
 from txstream.message import Decision, EndEvent
@@ -80,6 +81,9 @@ class Scenario:
     in_flight: float
     pipelined: float
     like_tansu: bool
+    # The sink writes each task's records in one Kafka transaction (only where the broker
+    # isolates them: not like tansu); readers read committed records.
+    transactional: bool = False
     # Offsets read per step backwards (txstream.kafka.read_back): a few, where other writers'
     # records must take several steps.
     read_back_chunk: int = READ_BACK_CHUNK
@@ -231,6 +235,10 @@ def _later_faults(seed: int, traffic_ms: int, kinds: tuple[str, ...]) -> list[Fa
     return faults
 
 
+# Whether schedules may take the transactional path (a test pins a seed's ordered one).
+TRANSACTIONS = True
+
+
 def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
     rng = random.Random(seed)
     policy = _policy(rng)
@@ -252,6 +260,9 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
         pipelined=rng.choice((0.0, 0.3, 0.6)),
         like_tansu=rng.random() < 0.5,
     )
+    # From a stream of its own: drawing it moves no other part of a seed's schedule.
+    sc.transactional = (TRANSACTIONS and not sc.like_tansu
+                        and random.Random(f"{seed}:transactions").random() < 0.5)
     later = _later_faults(seed, traffic_ms, kinds)
     if later:
         sc.faults = sorted(sc.faults + later, key=lambda f: f.at)
@@ -267,7 +278,7 @@ class Simulation:
         self.sc = sc
         self.rng = random.Random(sc.seed ^ 0x5EED)
         self.world = World(sc.seed, self.rng, in_flight=sc.in_flight, stale=sc.pipelined,
-                           like_tansu=sc.like_tansu)
+                           like_tansu=sc.like_tansu, committed=sc.transactional)
         self.world.slack_ms = 3000 + 2 * (sc.policy.timer_lead + 400)
         topics = self.world.topics
         self.real_topics = sorted({p.topic for p in sc.plans})
@@ -278,7 +289,8 @@ class Simulation:
             max_offsets_per_trigger=sc.max_offsets, timer_file=str(workdir / "timers.json"),
             journal_topic=topics.history, fail_on_data_loss=not fresh_ok)
         sink = SinkOptions(kafka=self.world.settings, timer_file=str(workdir / "timers.json"),
-                           dead_letter_topic=topics.dead_letter, half_topic=topics.half)
+                           dead_letter_topic=topics.dead_letter, half_topic=topics.half,
+                           transactional_id=self._transactional_id())
         self.spark = SparkModel(
             source=source, sink=sink,
             function_of=lambda: coordinator_function(sc.policy, topics, self.world.settings),
@@ -308,6 +320,11 @@ class Simulation:
 
     # --- faults ------------------------------------------------------------------------------
 
+    def _transactional_id(self) -> str | None:
+        """The coordinator's: a new checkpoint keeps it (streaming.engine.transactions)."""
+        return (transactions.transactional_id_of(self.world.topics.half)
+                if self.sc.transactional else None)
+
     def _fault(self, fault: Fault) -> None:
         now, world = self.world.now, self.world
         self.report.faults[fault.kind] += 1
@@ -319,6 +336,8 @@ class Simulation:
             # A crashed batch's releases are on their topics, but its counts die with it.
             self.uncounted += self.unreplayed
             self.unreplayed = 0
+            # A new checkpoint chooses its transactional id anew (streaming.engine.transactions).
+            self.spark.sink = replace(self.spark.sink, transactional_id=self._transactional_id())
             self.spark.fresh_checkpoint()
             # Between ticks: what the last batch wrote at ``now`` came from the old checkpoint.
             self.fresh_at.append(now + 0.5)
@@ -439,10 +458,14 @@ class Simulation:
                    self.fresh_at)
 
     def _released(self) -> int:
-        """How many records the real topics hold."""
+        """How many records the real topics hold (with transactions, the committed ones: an
+        aborted or still open transaction's releases are no one's to count)."""
         broker = self.world.broker
-        return sum(broker.end_offset(topic, p) for topic in self.real_topics
-                   for p in range(broker.partition_count(topic) or 0))
+        parts = [(topic, p) for topic in self.real_topics
+                 for p in range(broker.partition_count(topic) or 0)]
+        if self.world.committed:
+            return sum(len(self.world.visible(topic, p)) for topic, p in parts)
+        return sum(broker.end_offset(topic, p) for topic, p in parts)
 
     def _read_backlog(self) -> None:
         """A flood's backlog lasts until the coordinator has read past it: answers written
@@ -522,6 +545,7 @@ class Simulation:
                 faults[name] += bool(getattr(plan, name))
         faults["skewed clocks"] += any(self.sc.skews.values())
         faults["timer lead"] += self.sc.policy.timer_lead > 0
+        faults["Kafka transactions"] += self.sc.transactional
         faults["catch-up past the reserved time"] += any(
             f.kind == "outage" and f.length > self.sc.policy.reserved_time
             for f in self.sc.faults)

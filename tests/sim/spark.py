@@ -286,6 +286,7 @@ class SparkModel:
         for partition in range(self.partitions):
             context = TaskContext._getOrCreate()
             context._attemptNumber = 0
+            context._partitionId = partition  # each task's transactional id is its own
             context._localProperties = {"spark.jobGroup.id": self.run_id,
                                         "streaming.sql.batchId": str(batch)}
             try:

@@ -32,8 +32,12 @@ class World:
     """Time (ms, virtual, advanced by the schedule only) and the broker everything talks to."""
 
     def __init__(self, seed: int, rng: random.Random, *, partitions: int = 2,
-                 in_flight: float = 0.2, stale: float = 0.2, like_tansu: bool = True) -> None:
+                 in_flight: float = 0.2, stale: float = 0.2, like_tansu: bool = True,
+                 committed: bool = False) -> None:
+        """``committed``: the coordinator writes in Kafka transactions, and what the actors
+        and the oracle read is what read_committed consumers are handed."""
         self.seed = seed
+        self.committed = committed
         self.now = T0
         self.topics = Topics.with_prefix("sim_")
         make = MemoryBroker.like_tansu if like_tansu else MemoryBroker
@@ -61,8 +65,19 @@ class World:
     # --- reading what is there (the oracle's and the actors' view, not a client's) --------
 
     def _records(self, topic: str, partition: int) -> list[Rec]:
+        """What a reader sees: a read_committed one (every reader, with transactions) sees
+        neither aborted records nor any at or past the last stable offset."""
+        stored = self.broker.records(topic, partition)
+        if self.committed:
+            stable = self.broker.last_stable_offset(topic, partition)
+            aborted = self.broker.transactions_of(topic, partition).aborted
+            stored = [r for r in stored if r.offset < stable and r.offset not in aborted]
         return [Rec(topic, partition, r.offset, r.key, r.value, list(r.headers), r.timestamp)
-                for r in self.broker.records(topic, partition)]
+                for r in stored]
+
+    def visible(self, topic: str, partition: int) -> list[Rec]:
+        """The partition's records a reader is handed now."""
+        return self._records(topic, partition)
 
     def all_records(self, topic: str) -> list[Rec]:
         out: list[Rec] = []
@@ -86,13 +101,15 @@ class World:
         out: dict[int, list[Rec]] = {}
         for partition in range(self.broker.partition_count(topic) or 0):
             at = positions.get((topic, partition), 0)
-            if self.broker.end_offset(topic, partition) <= at:
+            end = (self.broker.last_stable_offset(topic, partition) if self.committed
+                   else self.broker.end_offset(topic, partition))
+            if end <= at:
                 continue
-            stored = self.broker.records(topic, partition)
+            stored = self._records(topic, partition)
             first = bisect_left(stored, at, key=lambda r: r.offset)
-            new = [Rec(topic, partition, r.offset, r.key, r.value, list(r.headers),
-                       r.timestamp) for r in stored[first:]]
+            new = stored[first:]
             if new:
                 out[partition] = new
-                positions[(topic, partition)] = new[-1].offset + 1
+            # Past markers and aborted records too, as a consumer's position moves.
+            positions[(topic, partition)] = end
         return out
