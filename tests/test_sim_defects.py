@@ -27,7 +27,7 @@ import pytest
 import txstream.client.check_choice as check_choice
 import txstream.kafka.read_back as read_back
 import txstream.kafka.reading as reading
-import txstream.sources.bodies as bodies
+import txstream.readback.bodies as bodies
 import txstream.sources.journal as journal
 import txstream.sources.kafka_source as kafka_source
 import txstream.state.bucket as bucket

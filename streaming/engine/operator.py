@@ -2,13 +2,13 @@
 
 Per call (one state key, one micro-batch): decode the key's state and each record
 (:func:`txstream.sources.events.parse_event`); read back the bodies of the held half messages the
-call may write, to learn which are gone (:mod:`txstream.sources.bodies`: a body that is gone is told
-to the core before any event, so nothing claims a release it cannot make); apply the events; run the
-timers that are due (or due within ``Policy.timer_lead``; a discard only once the end topic has
-been read past when it became due: the query's event-time watermark, fed by the source's
+call may write, to learn which are gone (:mod:`txstream.readback.bodies`: a body that is gone is
+told to the core before any event, so nothing claims a release it cannot make); apply the events;
+run the timers that are due (or due within ``Policy.timer_lead``; a discard only once the end topic
+has been read past when it became due: the query's event-time watermark, fed by the source's
 PROGRESS rows); encode the state back; arm the key's processing-time timeout at its earliest
-transaction deadline less that lead; and turn the core's effects into records to write, plus
-one timer row with the key's new timeout for the driver's timer schedule
+transaction deadline less that lead; and turn the core's effects into records to write, plus one
+timer row with the key's new timeout for the driver's timer schedule
 (:mod:`txstream.timer_schedule`) and the call's metrics
 (:mod:`txstream.streaming.engine.key_metrics`). ``now`` is Spark's batch timestamp, and the
 watermark is the batch's, both kept by a replayed batch, so a replay emits what the first run
@@ -27,11 +27,11 @@ import pandas as pd
 from txstream.kafka import KafkaSettings
 from txstream.message import MAX_BODY_BYTES, Decision, EndEvent, Message
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.readback.bodies import BodySource, gone_bodies
+from txstream.readback.release_index import released_by_others
+from txstream.readback.replay import replay_suspected, written_before
 from txstream.refusals import Code
 from txstream.schema import EventKind, EventRow
-from txstream.sinks.release_index import released_by_others
-from txstream.sinks.replay import replay_suspected, written_before
-from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.sources.events import Malformed, parse_event
 from txstream.spark_worker import settle
 from txstream.state.bucket import Bucket
