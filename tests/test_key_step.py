@@ -5,7 +5,10 @@ Spark drives it, is ``tests/test_operator.py``."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,6 +53,16 @@ def end(decision: Decision, offset: int = 0, txid: str = TXID) -> tuple[Any, ...
     record = encode_end(EndEvent(txid, "G", decision), TOPICS)
     return _input(record_row(False, record.key, record.value, list(record.headers), 0, offset,
                              KeyLayout()))
+
+
+def test_the_step_imports_neither_pandas_nor_spark() -> None:
+    # In a process of its own: this one has them loaded already.
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r}); "
+            "import txstream.streaming.engine.key_step; "
+            "print(sorted({'pandas', 'pyspark', 'pyarrow'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_half_and_its_commit_in_one_call_release_numbered_rows_and_keep_the_outcome() -> None:

@@ -4,15 +4,15 @@ Per call (one state key, one micro-batch): read the batch's time and watermark a
 state from Spark's ``GroupState``, the key's rows from its frames in an order that does not
 depend on the shuffle (:func:`in_replay_order`); run the key's step
 (:class:`txstream.streaming.engine.key_step.KeyStep`: events, timers, records, numbered); save
-the state and arm the key's processing-time timeout; yield the rows as one frame. ``now`` is
-Spark's batch timestamp, and the watermark is the batch's, both kept by a replayed batch, so a
-replay emits what the first run emitted, under the same record ids: that is what lets the sink
-skip what a crashed run already wrote.
+the state and arm the key's processing-time timeout; yield the rows as one frame
+(:func:`output_frame`). ``now`` is Spark's batch timestamp, and the watermark is the batch's,
+both kept by a replayed batch, so a replay emits what the first run emitted, under the same
+record ids: that is what lets the sink skip what a crashed run already wrote.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,19 +21,23 @@ import pandas as pd
 from txstream.kafka import KafkaSettings
 from txstream.message import MAX_BODY_BYTES
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.schema import OUTPUT_COLUMNS, OutputRow
 from txstream.spark_worker import settle
 from txstream.state.bucket import Bucket
 from txstream.state.policy import Policy
 from txstream.streaming.engine.key_step import INPUT, KeyOutput, KeyStep
-from txstream.streaming.engine.records import output_frame
 from txstream.topics import Topics
 
-__all__ = ["coordinator_function", "in_replay_order", "ends_read_of"]
+__all__ = ["coordinator_function", "in_replay_order", "ends_read_of", "output_frame"]
 
 # Recovered outcomes first (a re-read event then finds them), then half messages (an end event
 # in the same batch then finds its half), then end events; progress rows carry nothing to apply.
 # By EventKind: HALF, END, OUTCOME, PROGRESS, HALF_AGAIN.
 _RANK = np.array([1, 2, 0, 3, 1], dtype=np.int8)
+
+# Nullable integer columns need pandas' nullable dtypes (Int64, Int32) to reach Arrow as
+# integers: made here from numpy arrays and their masks.
+_INTS: dict[str, type[np.integer[Any]]] = {"bigint": np.int64, "int": np.int32}
 
 
 def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]:
@@ -64,6 +68,43 @@ def ends_read_of(state: Any, now: int) -> int:
         return int(state.getCurrentWatermarkMs())
     except Exception:  # no watermark in this query
         return now
+
+
+def _ints(values: tuple[int | None, ...], dtype: type[np.integer[Any]]) -> Any:
+    """A nullable integer column, as ``pd.array(values, dtype="Int64")`` makes it (a null's
+    slot holds 1, pandas' fill), without its per-value type inference."""
+    n, nulls = len(values), values.count(None)
+    if nulls == n:
+        return pd.arrays.IntegerArray(np.ones(n, dtype), np.ones(n, bool))
+    if nulls == 0:
+        return pd.arrays.IntegerArray(np.array(values, dtype), np.zeros(n, bool))
+    objects = np.array(values, dtype=object)
+    mask = objects == None  # noqa: E711 (numpy compares each element)
+    objects[mask] = 1
+    return pd.arrays.IntegerArray(objects.astype(dtype), mask)
+
+
+def _objects(values: tuple[Any, ...]) -> Any:
+    """An object column of ``values`` as they are (a list would be inferred again)."""
+    if not values:
+        return []  # as pandas makes an empty column from a list (float64), as it always did
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def output_frame(rows: Sequence[OutputRow]) -> pd.DataFrame:
+    """``rows`` as the pandas frame ``applyInPandasWithState`` hands to Spark.
+
+    Every call builds one, a key with only its timer row too: the columns are made as arrays
+    pandas takes as they are (no inference, no copy), not value by value.
+    """
+    columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
+    return pd.DataFrame(
+        {name: _ints(values, _INTS[kind]) if kind in _INTS else _objects(values)
+         for (name, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)},
+        copy=False,  # the dict's order is the columns' (columns= would cost a reindex)
+    )
 
 
 def _keep(state: Any, out: KeyOutput) -> None:
