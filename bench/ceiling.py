@@ -35,7 +35,7 @@ from txstream.state.bucket import Bucket
 from txstream.streaming.engine.config import RunConfig
 from txstream.streaming.engine.coordinator import Coordinator
 from txstream.streaming.engine.key_metrics import Counted, KeyTally
-from txstream.streaming.engine.operator import in_replay_order
+from txstream.streaming.engine.operator import in_replay_order, output_frame
 from txstream.streaming.engine.query import (
     event_stream,
     prepare_checkpoint,
@@ -44,7 +44,6 @@ from txstream.streaming.engine.query import (
 )
 from txstream.streaming.engine.records import (
     coordinator_tag,
-    output_frame,
     output_rows,
     record_id,
     timer_row,

@@ -29,8 +29,8 @@ from txstream.state.effects import Note
 from txstream.state.keys import KeyLayout
 from txstream.state.policy import Policy
 from txstream.streaming.engine.key_metrics import KeyTally
-from txstream.streaming.engine.operator import coordinator_function
-from txstream.streaming.engine.records import history_rows, output_frame, output_rows, records_for
+from txstream.streaming.engine.operator import coordinator_function, output_frame
+from txstream.streaming.engine.records import history_rows, output_rows, records_for
 from txstream.topics import Topics
 from txstream.wire import Record
 

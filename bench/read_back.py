@@ -5,7 +5,7 @@ broker and, per size, fills a real topic of 4 partitions with N releases of this
 (200-byte bodies, an hour old), then has K state keys each ask for their share of P pending
 transactions released first, born before everything after them: every key's look reaches back
 to the topic's start. It prints the time of all K looks through the process's one index of
-releases (``txstream.sinks.release_index``), and of the first key's look alone, which is what
+releases (``txstream.readback.release_index``), and of the first key's look alone, which is what
 each key paid when every key read the topic back for itself.
 """
 
@@ -20,7 +20,7 @@ from kafka.admin import NewTopic
 from bench.workload import BulkProducer
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings, make_admin
-from txstream.sinks.release_index import forget_release_indexes, released_by_others
+from txstream.readback.release_index import forget_release_indexes, released_by_others
 from txstream.wire import H, Record
 
 _TAG = "0badc0de"

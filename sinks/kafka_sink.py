@@ -12,11 +12,11 @@ commits neither the batch nor its state, and the batch is run again on restart. 
 makes "a back-check counts only when delivered" true.
 
 A row whose body lies in the half topic (a held half message's release, check or discard) gets
-it read back first, all of a task's at once (:mod:`txstream.sinks.bodies`).
+it read back first, all of a task's at once (:mod:`txstream.readback.bodies`).
 
 A replayed batch writes nothing twice: its records carry the ids the operator gave them
 (``record_id``, equal in a replay), and a task that may be re-running a batch first reads
-what is already on its topics and leaves those records out (:mod:`txstream.sinks.replay`). Option
+what is already on its topics and leaves those records out (:mod:`txstream.readback.replay`). Option
 ``replay_check=false`` turns that off (measurements only: a restart then duplicates).
 
 A row with ``not_before_ms`` (a timer's record made ahead of its deadline) is sent no earlier
@@ -48,14 +48,13 @@ from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
+from txstream.readback.bodies import BodySource, with_bodies
+from txstream.readback.replay import replay_suspected, written_ids
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
-from txstream.sinks.bodies import with_bodies
 from txstream.sinks.delivery import Delivery, Prepared, RefusedRelease, make_sink_producer
 from txstream.sinks.refusal_log import record as refusal_record
 from txstream.sinks.refusal_log import refusal_log
-from txstream.sinks.replay import replay_suspected, written_ids
 from txstream.sinks.transactional import Fenced, TransactionalDelivery, task_transactional_id
-from txstream.sources.bodies import BodySource
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
@@ -77,7 +76,7 @@ class SinkOptions:
 
     kafka: KafkaSettings
     flush_timeout_s: float = 120.0
-    # Leave out what a crashed run of a replayed batch already wrote (sinks.replay); false
+    # Leave out what a crashed run of a replayed batch already wrote (readback.replay); false
     # writes a replayed batch again whole.
     replay_check: bool = True
     timer_file: str | None = None
@@ -85,7 +84,7 @@ class SinkOptions:
     # None: such a record fails the batch.
     dead_letter_topic: str | None = None
     max_message_bytes: int = KAFKA_MAX_MESSAGE_BYTES
-    # Where the bodies of held half messages are read back from (sinks.bodies).
+    # Where the bodies of held half messages are read back from (readback.bodies).
     half_topic: str | None = None
     # The checkpoint's transactional id: each task writes its records in one Kafka
     # transaction under it and its partition (sinks.transactional); None: the ordered path.

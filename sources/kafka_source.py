@@ -397,7 +397,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Refuse to read a planned batch again (Spark replays the batch a crash left
         uncommitted) from a topic deleted and created again since it was planned: the records
         under its offsets are others now, and the replay would emit other records under the
-        ids its first run wrote (:mod:`txstream.sinks.replay`)."""
+        ids its first run wrote (:mod:`txstream.readback.replay`)."""
         planned = end.get(TOPIC_IDS) or {}
         if not planned:
             return

@@ -8,7 +8,7 @@ its own timer semantics.
 A pending half message is kept without its body, as RocketMQ keeps an offset into its half
 queue: the message read from the half topic knows where it lies (``queue_id``, ``queue_offset``),
 and whoever writes its release, checks or discard reads the body back from there
-(``txstream.sources.bodies``). Within the call that reads the half message the body is still at
+(``txstream.readback.bodies``). Within the call that reads the half message the body is still at
 hand, so a commit in the same micro-batch needs no read (docs/decisions/0021-bodies-read-back.md).
 
 A bucket also numbers the records it asks to write (:meth:`Bucket.take_numbers`). The numbers

@@ -24,7 +24,7 @@ from txstream.kafka import KafkaSettings
 from txstream.kafka.partition_health import min_insync_replicas, partition_troubles
 from txstream.kafka.provision import admin_client
 from txstream.kafka_broker import KafkaBroker, _cluster_id, cluster_properties
-from txstream.sources.bodies import BodySource
+from txstream.readback.bodies import BodySource
 from txstream.streaming.cli import main
 
 from kafka_helpers import read_topic, wait_until

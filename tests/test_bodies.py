@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from txstream.kafka import KafkaSettings, close_quietly, make_admin, make_consumer, make_producer
+from txstream.readback.bodies import OTHER_RECORD, BodySource, gone_bodies, ranges
 from txstream.schema import Kind
 from txstream.sinks.kafka_sink import SinkOptions, send_rows
-from txstream.sources.bodies import OTHER_RECORD, BodySource, gone_bodies, ranges
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 

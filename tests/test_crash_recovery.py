@@ -13,7 +13,7 @@ process (``python -m txstream.streaming.cli run``) and is killed three times at 
 Each time it restarts from the same checkpoint. In the end every committed message is on its
 real topic, no rolled-back one is, every unknown one was checked and resolved, a consumer sees
 each message exactly once, and the topic itself holds each exactly once (the sink's replay
-check, ``sinks/replay.py``). The figures are printed (``pytest -m crash -s``).
+check, ``txstream/readback/replay.py``). The figures are printed (``pytest -m crash -s``).
 """
 
 from __future__ import annotations

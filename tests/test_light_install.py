@@ -63,7 +63,7 @@ def test_wheel_metadata_puts_the_coordinator_dependencies_under_an_extra(
                                                  + ".dist-info"}
     for module in ("state/lifecycle.py", "sources/kafka_source.py", "sinks/kafka_sink.py",
                    "streaming/engine/query.py", "client/producer.py", "console/web.py",
-                   "streaming/engine/resources/log4j2.properties"):
+                   "readback/bodies.py", "streaming/engine/resources/log4j2.properties"):
         assert f"txstream/{module}" in names, module
     metadata = Parser().parsestr(text.decode())
     requires = metadata.get_all("Requires-Dist") or []

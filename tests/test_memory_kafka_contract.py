@@ -40,10 +40,10 @@ from txstream.kafka.provision import (
     topic_spec,
     topic_states,
 )
+from txstream.readback.bodies import BodySource, gone_bodies
 from txstream.schema import Kind
 from txstream.sinks.delivery import Delivery
 from txstream.sinks.kafka_sink import SinkOptions, send_rows
-from txstream.sources.bodies import BodySource, gone_bodies
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 

@@ -171,7 +171,7 @@ def test_a_commit_releases_the_message_and_arms_the_forgetting() -> None:
     rows = call(later, [end_row(Decision.COMMIT_MESSAGE, born_timestamp=T0 + 900)])
     assert kinds(rows) == [Kind.VISIBLE, Kind.HISTORY, Kind.TIMER]
     visible = rows[0]
-    # Its body is read back by the sink from where the half message lies (sinks.bodies).
+    # Its body is read back by the sink from where the half message lies (readback.bodies).
     assert (visible.topic, visible.key, visible.value) == ("orders", b"K1", None)
     assert (visible.body_partition, visible.body_offset) == (0, 0)
     assert visible.not_before_ms is None

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import txstream.sinks.release_index as release_index
+import txstream.readback.release_index as release_index
 from txstream.kafka.memory import MemoryBroker
-from txstream.sinks.release_index import forget_release_indexes, released_by_others
+from txstream.readback.release_index import forget_release_indexes, released_by_others
 from txstream.wire import H
 
 from memory_helpers import Clock, new_broker

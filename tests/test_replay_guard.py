@@ -1,5 +1,5 @@
 """Exactly-once release: record ids that a replayed batch repeats, and the sink's
-search for what a crashed run already wrote (``txstream.sinks.replay``)."""
+search for what a crashed run already wrote (``txstream.readback.replay``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _real_topic(kafka: KafkaSettings, unique: str, partitions: int) -> str:
 def test_written_ids_finds_exactly_the_records_on_their_topics(
     kafka: KafkaSettings, unique: str
 ) -> None:
-    from txstream.sinks.replay import written_ids
+    from txstream.readback.replay import written_ids
 
     topic, absent = _real_topic(kafka, unique, 3), f"{unique}-never-written"
     tag, other = "0badc0de", "0ddba11e"
@@ -99,7 +99,7 @@ def test_a_look_finds_a_predecessors_release_by_its_transaction_id(
 ) -> None:
     """A new checkpoint's question (0029): which of these transactions did a coordinator before
     it release, under an id this checkpoint did not give?"""
-    from txstream.sinks.release_index import released_by_others as released_earlier
+    from txstream.readback.release_index import released_by_others as released_earlier
 
     topic, absent = _real_topic(kafka, unique, 2), f"{unique}-never-written"
     tag, other, now = "0badc0de", "0ddba11e", int(time.time() * 1000)
@@ -125,7 +125,7 @@ def test_a_look_finds_a_predecessors_release_by_its_transaction_id(
 
 
 def test_a_task_outside_spark_is_always_checked() -> None:
-    from txstream.sinks.replay import replay_suspected
+    from txstream.readback.replay import replay_suspected
 
     assert replay_suspected() is True
 

@@ -28,13 +28,13 @@ import txstream.client.check_choice as check_choice
 import txstream.kafka.clients as clients
 import txstream.kafka.read_back as read_back
 import txstream.kafka.reading as reading
-import txstream.sources.bodies as bodies
+import txstream.readback.bodies as bodies
 import txstream.sources.journal as journal
 import txstream.sources.kafka_source as kafka_source
 import txstream.state.bucket as bucket
 import txstream.state.lifecycle as lifecycle
 import txstream.state.timing as timing
-import txstream.streaming.engine.operator as operator
+import txstream.streaming.engine.key_step as key_step
 import txstream.streaming.engine.transactions as transactions
 from txstream.outputs import CheckRequest
 from txstream.sinks.delivery import Delivery
@@ -164,7 +164,7 @@ def _topic_ids_unread(mp: pytest.MonkeyPatch) -> None:
 def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
     """12 (a long run): a replay takes a body gone since its first run at its word, though
     that run released it: the replay emits another verdict than the records already written."""
-    mp.setattr(operator, "_not_written_before",
+    mp.setattr(key_step, "_not_written_before",
                lambda kafka, topics, bucket, gone, now, first: gone)
 
 
@@ -172,20 +172,20 @@ def _replay_looks_for_releases_only(mp: pytest.MonkeyPatch) -> None:
     """14 (a long run): a replay counts a body gone since its first run as there only when
     that run released it, not when it sent its check: the replay sends no check, and the
     producer's answer to the check the first run sent is not counted."""
-    topics, written = Topics.with_prefix("sim_"), operator.written_before
+    topics, written = Topics.with_prefix("sim_"), key_step.written_before
 
     def releases_only(settings: Any, wanted: Any, batch_ms: int, first_id: str) -> Any:
         return written(settings, {t: ids for t, ids in wanted.items()
                                   if not t.startswith(topics.check_prefix)
                                   and t != topics.discard}, batch_ms, first_id)
 
-    mp.setattr(operator, "written_before", releases_only)
+    mp.setattr(key_step, "written_before", releases_only)
 
 
 def _releases_found_nowhere(mp: pytest.MonkeyPatch) -> None:
     """13 (a long run): a new checkpoint takes the history for every release, though the
     predecessor's last batch may have died between a release and its note."""
-    mp.setattr(operator, "_found_released", lambda *args: [])
+    mp.setattr(key_step, "_found_released", lambda *args: [])
 
 
 def _notes_with_releases(mp: pytest.MonkeyPatch) -> None:

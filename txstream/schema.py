@@ -105,7 +105,7 @@ class OutputRow(NamedTuple):
     # Where the record's value lies: a pending transaction's state keeps where its half message
     # lies, not its body, so its release, checks and discard leave ``value`` null and name the
     # half topic's partition and offset; the sink reads the body back, so that big bodies never
-    # pass through the JVM (sinks.bodies, docs/decisions/0021-bodies-read-back.md). Null:
+    # pass through the JVM (readback.bodies, docs/decisions/0021-bodies-read-back.md). Null:
     # ``value`` is the record's value.
     body_partition: Annotated[int | None, "int"]
     body_offset: Annotated[int | None, "bigint"]

@@ -8,7 +8,7 @@ turns those batches off (``txstream.streaming.engine.session``) and tells Spark 
 due instead:
 
 - the operator emits a timer row for every state key it runs: the key's new timeout, or none
-  (``txstream.streaming.engine.operator``);
+  (``txstream.streaming.engine.key_step``);
 - the sink's tasks return them, and its driver-side commit folds them into this schedule, a
   file on the driver (``txstream.sinks.kafka_sink``), with the id of the batch it reflects. A
   replayed batch folds the same rows into the same result;

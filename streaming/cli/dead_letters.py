@@ -28,10 +28,10 @@ from txstream.headers import header_dict
 from txstream.kafka import KafkaSettings, PatientConsumer, make_producer
 from txstream.kafka.reading import read_range, read_topic
 from txstream.outputs import decode_history, encode_history
+from txstream.readback.replay import written_ids
 from txstream.record_ids import coordinator_tag, record_id
 from txstream.refusals import Code
 from txstream.sinks.delivery import MissingTopic, missing_topic, refused_by_broker
-from txstream.sinks.replay import written_ids
 from txstream.state.effects import NoteKind
 from txstream.streaming.cli.options import add_kafka_arguments, settings_of, topics_of
 from txstream.topics import Topics

@@ -1,4 +1,4 @@
-"""What the operator writes: the core's effects as ``OutputRow`` rows, and the frame Spark takes.
+"""What the operator writes: the core's effects as ``OutputRow`` rows.
 
 Every record gets an id, ``tag.key.epoch.number`` (:func:`record_id`), also carried in its
 ``TXSTREAM_RECORD_ID`` header. A replayed micro-batch gives every record the same id again,
@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
-import pandas as pd
-
 from txstream.message import EndEvent, Message
 from txstream.outputs import (
     KAFKA_MAX_MESSAGE_BYTES,
@@ -25,7 +22,7 @@ from txstream.outputs import (
 )
 from txstream.record_ids import coordinator_tag, record_id
 from txstream.refusals import Code
-from txstream.schema import OUTPUT_COLUMNS, EventKind, Kind, OutputRow
+from txstream.schema import EventKind, Kind, OutputRow
 from txstream.sources.events import Malformed
 from txstream.state.effects import (
     BodyLost,
@@ -49,12 +46,7 @@ from txstream.wire import (
 )
 
 __all__ = ["Emit", "body_at", "records_for", "dead_letter_of_record", "history_rows", "timer_row",
-           "coordinator_tag", "record_id", "output_rows", "output_frame"]
-
-# Nullable integer columns need pandas' nullable dtypes (Int64, Int32) to reach Arrow as
-# integers: made here from numpy arrays and their masks.
-_INTS: dict[str, type[np.integer[Any]]] = {"bigint": np.int64, "int": np.int32}
-
+           "coordinator_tag", "record_id", "output_rows"]
 
 class Emit(NamedTuple):
     """A record the operator asks to write, before it is numbered."""
@@ -192,40 +184,3 @@ def output_rows(emits: Sequence[Emit], ids: Sequence[str | None], batch_ms: int
             emit.not_before_ms,            *(emit.body_at or (None, None)),
         ))
     return rows
-
-
-def _ints(values: tuple[int | None, ...], dtype: type[np.integer[Any]]) -> Any:
-    """A nullable integer column, as ``pd.array(values, dtype="Int64")`` makes it (a null's
-    slot holds 1, pandas' fill), without its per-value type inference."""
-    n, nulls = len(values), values.count(None)
-    if nulls == n:
-        return pd.arrays.IntegerArray(np.ones(n, dtype), np.ones(n, bool))
-    if nulls == 0:
-        return pd.arrays.IntegerArray(np.array(values, dtype), np.zeros(n, bool))
-    objects = np.array(values, dtype=object)
-    mask = objects == None  # noqa: E711 (numpy compares each element)
-    objects[mask] = 1
-    return pd.arrays.IntegerArray(objects.astype(dtype), mask)
-
-
-def _objects(values: tuple[Any, ...]) -> Any:
-    """An object column of ``values`` as they are (a list would be inferred again)."""
-    if not values:
-        return []  # as pandas makes an empty column from a list (float64), as it always did
-    column = np.empty(len(values), dtype=object)
-    column[:] = values
-    return column
-
-
-def output_frame(rows: Sequence[OutputRow]) -> pd.DataFrame:
-    """``rows`` as the pandas frame ``applyInPandasWithState`` hands to Spark.
-
-    Every call builds one, a key with only its timer row too: the columns are made as arrays
-    pandas takes as they are (no inference, no copy), not value by value.
-    """
-    columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
-    return pd.DataFrame(
-        {name: _ints(values, _INTS[kind]) if kind in _INTS else _objects(values)
-         for (name, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)},
-        copy=False,  # the dict's order is the columns' (columns= would cost a reindex)
-    )

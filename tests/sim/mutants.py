@@ -19,7 +19,7 @@ import pytest
 import txstream.sinks.kafka_sink as kafka_sink
 import txstream.sources.journal as journal
 import txstream.sources.kafka_source as kafka_source
-import txstream.streaming.engine.operator as operator
+import txstream.streaming.engine.key_step as key_step
 
 __all__ = ["GUARDS", "removed"]
 
@@ -31,7 +31,7 @@ def _journal(mp: pytest.MonkeyPatch) -> None:
 
 def _look(mp: pytest.MonkeyPatch) -> None:
     """0029: a new checkpoint takes the history for every release its predecessor made."""
-    mp.setattr(operator, "_found_released", lambda *args: [])
+    mp.setattr(key_step, "_found_released", lambda *args: [])
 
 
 def _replay_check(mp: pytest.MonkeyPatch) -> None:
@@ -43,7 +43,7 @@ def _record_ids(mp: pytest.MonkeyPatch) -> None:
     """0005: record ids that a replay does not give again (numbered per process, not from the
     state), so the replay check finds nothing of the crashed run."""
     numbers = itertools.count(1 << 40)
-    mp.setattr(operator, "record_id",
+    mp.setattr(key_step, "record_id",
                lambda tag, key, epoch, number: f"{tag}.{key}.{epoch}.{next(numbers)}")
 
 

@@ -124,13 +124,13 @@ class SparkModel:
     def _start_run(self) -> None:
         from txstream.kafka.clients import clear_cached_clients
         from txstream.kafka.patience import forget_patience
-        from txstream.sinks.release_index import forget_release_indexes
+        from txstream.readback.release_index import forget_release_indexes
 
         clear_cached_clients()  # a new process: no client survives
         forget_patience()
         forget_release_indexes()
         self.runs += 1
-        # Unique in the process: the replay check remembers runs by id (sinks.replay).
+        # Unique in the process: the replay check remembers runs by id (readback.replay).
         self.run_id = f"{self.source.kafka.bootstrap_servers}-run-{self.runs}"
         self.planner = KafkaEventReader(self.source, self.schema, clock=self.clock)
         self.initial: dict[str, Any] | None = None

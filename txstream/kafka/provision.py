@@ -192,7 +192,7 @@ def deployment(topics: Topics, *, producer_groups: Sequence[str] = (),
     producers = tuple(f"producer:{g}" for g in groups) or ("producer:*",)
     readers = tuple(f"consumer:{c}" for c in consumers)
     # The coordinator reads back what it writes: after a restart its sink looks for the
-    # records a replayed micro-batch already wrote (sinks/replay.py).
+    # records a replayed micro-batch already wrote (txstream/readback/replay.py).
     own = (COORDINATOR, OPERATOR)
     specs = [
         topic_spec("half", topics.half, writers=producers, readers=(COORDINATOR,), **options),

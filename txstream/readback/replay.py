@@ -3,7 +3,7 @@
 Spark replays a micro-batch whose commit it did not record (the driver was killed, a write
 failed) with the same input, the same state and the same batch time, so the operator emits the
 same records under the same ids (``record_id``, also the ``TXSTREAM_RECORD_ID`` header; see
-``txstream.streaming.engine.operator.record_id``). Kafka cannot take back what the first run wrote
+``txstream.record_ids.record_id``). Kafka cannot take back what the first run wrote
 (tansu's transactions do not hide aborted records), so before writing a batch that may be a replay
 the sink reads the tail of every partition it is about to write to and leaves out the records
 whose id is already there.
@@ -23,7 +23,7 @@ is left out only when its very id was found on its topic.
 Across checkpoints the ids differ (a new checkpoint numbers from its own batch times): a half
 message a new checkpoint reads again is looked for by its transaction id instead, among the
 records of this coordinator under ids the checkpoint did not give
-(:mod:`txstream.sinks.release_index`, docs/decisions/0029-releases-found.md).
+(:mod:`txstream.readback.release_index`, docs/decisions/0029-releases-found.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""The bodies of held half messages, read back from the half topic by where they lie.
+"""The bodies of held half messages, read back from the half topic by where they lie: by the
+operator, to learn which are gone (:func:`gone_bodies`), and by the sink, into the records it
+writes (:func:`with_bodies`).
 
 A pending transaction's state keeps where its half message lies, not its body
 (``txstream.state.bucket``, docs/decisions/0021-bodies-read-back.md). Before the core decides
-anything in a call, the operator reads back the bodies of every held half message the call may write
-(the commits it reads, the checks and discards its timers may send), all of them at once, per half
-partition, the wanted offsets in a few ranges (offsets close together in one read), to learn
-which are gone (:func:`gone_bodies`): a body that is gone is told to the core as an event, so
-nothing claims a release it cannot make. The sink reads the bodies it writes once more
-(:mod:`txstream.sinks.bodies`), so that big bodies never pass through the JVM.
+anything in a call, the operator reads back the bodies of every held half message the call may
+write (the commits it reads, the checks and discards its timers may send), all of them at once,
+per half partition, the wanted offsets in a few ranges (offsets close together in one read), to
+learn which are gone: a body that is gone is told to the core as an event, so nothing claims a
+release it cannot make. The sink reads the bodies it writes once more, so that big bodies never
+pass through the JVM.
 
 The record read back must be the half message of the transaction (its key is the transaction
 id). One that is gone (the half topic's retention ran out before the transaction ended; its
@@ -21,13 +23,23 @@ that ends with wanted offsets missing is no verdict: they are read again with a 
 consumer, whose fetches are all made for this read, in the partitions the broker says exist
 now (asked afresh). Only a body this second read does not find is gone. The common path keeps
 its one kept consumer; a read with bodies missing pays for two new connections.
+
+The sink's side: a release, check request or discard of a half message held without its body
+comes to the sink with a null value and where the body lies (``OutputRow.body_partition``,
+``body_offset``; a row with a value says where its body lies too: a refused release's dead
+letter names it). A task reads all the bodies its rows need at once, and each record read
+serves every row that needs it. The operator read each of them before deciding, and told the
+core of any that was gone (docs/decisions/0022-trusted-time.md). One that cannot be read back
+now was lost since, within the batch (its half topic deleted or cut meanwhile): the batch
+fails, and its replay decides again with what is there, so that the history never says
+"released" for a message that was not.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from txstream.errors import SendFailed
@@ -42,8 +54,11 @@ from txstream.kafka import (
 )
 from txstream.kafka.errors import NoError, UnknownTopicOrPartitionError, for_code
 from txstream.kafka.reading import ConsumerFor
+from txstream.schema import OutputRow
+from txstream.wire import H
 
-__all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD"]
+__all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD", "needs_body",
+           "with_bodies"]
 
 # Wanted offsets at most this far apart are read in one range: reading the records between
 # them costs less than another fetch round trip.
@@ -175,3 +190,63 @@ def gone_bodies(source: BodySource, wanted: Mapping[str, Position]) -> dict[str,
         elif rec.key != txid.encode("utf-8"):
             gone[txid] = OTHER_RECORD
     return gone
+
+
+# The sink's side: bodies read back into the records it writes.
+
+Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
+
+
+def _body_at(row: OutputRow) -> tuple[int, int] | None:
+    """(partition, offset) in the half topic of the body to read back into ``row``, if any."""
+    if row.value is None and row.body_offset is not None and row.body_partition is not None:
+        return (row.body_partition, row.body_offset)
+    return None
+
+
+def needs_body(row: OutputRow) -> bool:
+    return _body_at(row) is not None
+
+
+def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
+    """The transaction a row is for: a release names it in a header, a check or a discard in
+    its key."""
+    for name, value in headers:
+        if name == H.TRANSACTION_ID:
+            return value
+    return row.key
+
+
+def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepared]:
+    """``rows`` with every body that lies in the half topic read back into its value."""
+    wanted: dict[int, set[int]] = {}
+    for row, _ in rows:
+        if (at := _body_at(row)) is not None:
+            wanted.setdefault(at[0], set()).add(at[1])
+    if not wanted:
+        return rows
+    if source is None:
+        raise SendFailed("records whose bodies lie in the half topic need the sink's option "
+                         "half_topic")
+    found = source.read(wanted)
+    out: list[Prepared] = []
+    for prepared in rows:
+        row, headers = prepared
+        at = _body_at(row)
+        if at is None:
+            out.append(prepared)
+            continue
+        rec = found.get(at)
+        if rec is None:
+            why = source.why_missing(at[0])
+        elif isinstance(rec, Unreadable):
+            why = f"cannot be read: {rec.error}"
+        elif rec.key != _transaction_id(row, headers):
+            why = OTHER_RECORD
+        else:
+            out.append((row._replace(value=rec.value), headers))
+            continue
+        raise SendFailed(f"the body of the {row.kind} record for {row.topic}, "
+                         f"{source.topic}/{row.body_partition} offset {row.body_offset}, {why} "
+                         f"since it was read in this batch: the batch runs again")
+    return out
