@@ -57,7 +57,13 @@ class World:
     settings: KafkaSettings
     prefix: str
     memory: MemoryBroker | None = None
-    kind: str = "memory"  # or "tansu", "kafka" (Apache Kafka)
+    kind: str = "memory"  # or "memory-tansu", "tansu", "kafka" (Apache Kafka)
+
+    @property
+    def like_kafka(self) -> bool:
+        """Answers as Apache Kafka does where it and tansu differ (the memory broker made
+        without ``like_tansu`` does)."""
+        return self.kind in ("kafka", "memory")
 
     def topic(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -70,15 +76,23 @@ class World:
         return topic
 
 
-def _memory_world() -> Iterator[World]:
+def _memory_world(like_tansu: bool = True) -> Iterator[World]:
+    """An in-memory broker as tansu answers, or as Apache Kafka does (the test broker's four
+    partitions a topic on first use)."""
     prefix = f"c{uuid.uuid4().hex[:8]}_"
     clock = lambda: int(time.time() * 1000)  # noqa: E731 - the test's clock, not the broker's
-    with MemoryBroker.like_tansu(prefix.rstrip("_"), clock, random.Random(5),
-                                 in_flight_probability=0.3) as broker:
-        yield World(broker.settings, prefix, broker)
+    if like_tansu:
+        made = MemoryBroker.like_tansu(prefix.rstrip("_"), clock, random.Random(5),
+                                       in_flight_probability=0.3)
+    else:
+        made = MemoryBroker(prefix.rstrip("_"), clock, random.Random(5), default_partitions=4,
+                            in_flight_probability=0.3)
+    with made as broker:
+        yield World(broker.settings, prefix, broker,
+                    kind="memory-tansu" if like_tansu else "memory")
 
 
-@pytest.fixture(params=["memory", pytest.param("tansu", marks=pytest.mark.kafka),
+@pytest.fixture(params=["memory", "memory-tansu", pytest.param("tansu", marks=pytest.mark.kafka),
                         pytest.param("kafka", marks=pytest.mark.kafka)])
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     prefix = f"c{uuid.uuid4().hex[:8]}_"
@@ -87,7 +101,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
     elif request.param == "kafka":
         yield World(request.getfixturevalue("apache_kafka_settings"), prefix, kind="kafka")
     else:
-        yield from _memory_world()
+        yield from _memory_world(like_tansu=request.param == "memory-tansu")
 
 
 @pytest.fixture
@@ -149,14 +163,14 @@ def test_records_go_where_the_key_says_and_read_back_by_assign_seek_poll(world: 
 def test_a_position_past_the_end(world: World) -> None:
     """tansu keeps a position past the end and answers nothing; Apache Kafka answers
     OFFSET_OUT_OF_RANGE, and kafka-python resets it (``auto_offset_reset``: earliest). The
-    in-memory broker follows tansu here."""
+    in-memory broker follows Apache Kafka, or tansu when made ``like_tansu``."""
     topic = world.create("t", 1)
     _produce(world.settings, topic, 3)
     tp = TopicPartition(topic, 0)
     consumer = make_consumer(world.settings)
     consumer.assign([tp])
     consumer.seek(tp, 8)
-    if world.kind == "kafka":
+    if world.like_kafka:
         assert [r.offset for r in _read(consumer, tp)] == [0, 1, 2]
     else:
         for _ in range(5):
@@ -216,7 +230,7 @@ def test_the_provisioning_admin_calls(world: World) -> None:
     with admin_client(world.settings) as admin:
         assert not topic_states(admin, [half])[half].present
         # tansu does not tell; Apache Kafka does (the test broker creates topics on first use)
-        assert broker_auto_create(admin) is (True if world.kind == "kafka" else None)
+        assert broker_auto_create(admin) is (True if world.like_kafka else None)
         assert create_topics(admin, specs[:1]) == {half: None}
         assert create_topics(admin, specs[:1]) == {half: EXISTS}
     assert ensure_topics(world.settings, specs, "cmd") == [end]
@@ -233,14 +247,15 @@ def test_the_provisioning_admin_calls(world: World) -> None:
 
 def test_a_log_append_time_topic(world: World) -> None:
     """Apache Kafka stamps a record of a ``LogAppendTime`` topic with its own time (type 1);
-    tansu keeps the producer's. The in-memory broker follows tansu here."""
+    tansu keeps the producer's. The in-memory broker follows Apache Kafka, or tansu when made
+    ``like_tansu``."""
     topic = world.create("half", 1, kind="half")
     producer = make_producer(world.settings)
     before = int(time.time() * 1000)
     meta = producer.send(topic, key=b"k", value=b"v", timestamp_ms=1000).get(timeout=10)
     producer.close()
     [record] = read_topic(world.settings, topic)
-    if world.kind == "kafka":
+    if world.like_kafka:
         assert meta.timestamp >= before and (record.timestamp, record.timestamp_type) == (
             meta.timestamp, 1)
     else:
