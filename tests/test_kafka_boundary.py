@@ -132,3 +132,30 @@ def test_mypy_checks_the_kafka_boundary_and_its_users() -> None:
     found = runpy.run_path(str(repo / "scripts" / "mypy_coverage.py"))
     checked, total = found["coverage"](repo)
     assert checked / total >= 0.40, f"mypy checks {checked} of {total} product lines"
+
+
+def test_a_metadata_question_a_dead_node_refused_goes_again_to_a_live_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """txstream's consumers ask again when the node a metadata request went to refuses the
+    connection (one node of a cluster down); a broker wholly down is told within the bound."""
+    from kafka.errors import KafkaConnectionError
+
+    from txstream.kafka import clients
+
+    monkeypatch.setattr(clients, "_METADATA_RETRY_S", 0.0)
+    answers: list[Any] = [KafkaConnectionError("111 ECONNREFUSED")] * 2 + [{0, 1}]
+
+    def ask() -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert clients._asking_live_nodes(ask, 30_000) == {0, 1}
+    monkeypatch.setattr(clients, "_METADATA_RETRY_FOR_S", 0.0)
+
+    def refused() -> Any:
+        raise KafkaConnectionError("111 ECONNREFUSED")
+
+    with pytest.raises(KafkaConnectionError):
+        clients._asking_live_nodes(refused, 30_000)
