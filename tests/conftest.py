@@ -25,9 +25,11 @@ import pytest
 
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
+from txstream.kafka.memory import MemoryBroker
 from txstream.kafka_broker import KafkaBroker
 from txstream.topics import Topics
 
+from memory_helpers import Clock, new_broker
 from ports import reserve_port
 
 # Fixture -> the marker it gives every test that uses it (directly or through other fixtures).
@@ -309,3 +311,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     standalone = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
     yield standalone
     standalone.stop()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """The in-memory broker's clock, moved by the test (a module may define its own)."""
+    return Clock()
+
+
+@pytest.fixture
+def mem(clock: Clock) -> Iterator[MemoryBroker]:
+    """An in-memory broker on ``clock``, gone after the test."""
+    with new_broker(clock) as broker:
+        yield broker

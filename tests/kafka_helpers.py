@@ -181,3 +181,23 @@ def discard_by_answers(settings: KafkaSettings, topics: Topics, txid: str, group
         return any(r.key == txid.encode() for r in read_topic(settings, topics.discard))
 
     wait_until(discarded, timeout_s)
+
+
+def release_rows(real: str, topics: Topics, n: int = 3) -> list[Any]:
+    """``n`` releases to ``real`` and their ``released`` notes, with the ids of one batch's
+    key (``t.1.5.<i>``, notes ``t.1.5.n<i>``), as a sink task gets them."""
+    from txstream.outputs import encode_history
+    from txstream.schema import Kind
+    from txstream.wire import H, pack_headers
+
+    rows: list[Any] = []
+    for i in range(n):
+        txid, rid = f"tx-{i}", f"t.1.5.{i}"
+        rows.append(output_row(Kind.VISIBLE, real, f"order-{i}".encode(), f"body {i}".encode(),
+                               pack_headers(((H.TRANSACTION_ID, txid.encode()),
+                                             (H.RECORD_ID, rid.encode()))), rid, 5))
+        [(history, _)] = encode_history([(txid, 5, "released", {})], b"1", topics)
+        rows.append(output_row(Kind.HISTORY, topics.history, history.key, history.value,
+                               pack_headers(((H.RECORD_ID, f"t.1.5.n{i}".encode()),)),
+                               f"t.1.5.n{i}", 5))
+    return rows

@@ -6,7 +6,6 @@ txstream's sink running on it, in tests/test_memory_kafka_contract.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,18 +34,6 @@ from txstream.schema import Kind
 from txstream.wire import H
 
 from memory_helpers import Clock, assigned, fill, new_broker
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def mem(clock: Clock) -> Iterator[MemoryBroker]:
-    with new_broker(clock) as broker:
-        yield broker
-
 
 # --- the broker ----------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from txstream.sinks.kafka_sink import SinkOptions, send_rows
 from txstream.topics import Topics
 from txstream.wire import H, pack_headers
 
-from kafka_helpers import end_record, half_record, output_row
+from kafka_helpers import end_record, half_record, output_row, release_rows
 
 COUNT = 30
 
@@ -344,23 +344,6 @@ def test_send_rows_writes_a_batch_replayed_after_a_crash_once(memory: World) -> 
     _process_died()
 
 
-def _sink_rows(real: str, topics: Topics, n: int = 3) -> list[Any]:
-    """``n`` releases and their notes, with the ids of one batch's key (as
-    tests/test_transactional_sink.py's, which run on Apache Kafka)."""
-    from txstream.outputs import encode_history
-
-    rows: list[Any] = []
-    for i in range(n):
-        txid, rid = f"tx-{i}", f"t.1.5.{i}"
-        rows.append(output_row(Kind.VISIBLE, real, f"order-{i}".encode(), f"body {i}".encode(),
-                               pack_headers(((H.TRANSACTION_ID, txid.encode()),
-                                             (H.RECORD_ID, rid.encode()))), rid, 5))
-        [(history, _)] = encode_history([(txid, 5, "released", {})], b"1", topics)
-        rows.append(output_row(Kind.HISTORY, topics.history, history.key, history.value,
-                               pack_headers(((H.RECORD_ID, f"t.1.5.n{i}".encode()),)),
-                               f"t.1.5.n{i}", 5))
-    return rows
-
 
 def _sink_topics(memory: World) -> tuple[Topics, str, SinkOptions]:
     broker = memory.memory
@@ -400,13 +383,13 @@ def test_send_rows_in_a_transaction_killed_before_its_commit_leaves_nothing(
     with monkeypatch.context() as patch:
         patch.setattr(TransactionalDelivery, "_note_dead_letters", die)
         with pytest.raises(Killed):
-            send_rows(options, _sink_rows(real, topics))
+            send_rows(options, release_rows(real, topics))
     _process_died()  # its producer is gone, its transaction left open
     assert [r.value for r in broker.records(real, 0)] == [b"body 0", b"body 1", b"body 2"]
     assert partition_ends(memory.settings, real) == {0: 0}  # the last stable offset
     assert read_topic(memory.settings, real) == [] and _notes(memory.settings, topics) == []
 
-    commit = send_rows(options, _sink_rows(real, topics))  # the task run again: a replay
+    commit = send_rows(options, release_rows(real, topics))  # the task run again: a replay
     assert commit.counts == {Kind.VISIBLE: 3, Kind.HISTORY: 3} and commit.already_written == 0
     assert broker.transactions_of(real, 0).aborted == {0, 1, 2}  # the killed attempt's
     assert [r.value for r in read_topic(memory.settings, real)] == [b"body 0", b"body 1",
@@ -414,7 +397,7 @@ def test_send_rows_in_a_transaction_killed_before_its_commit_leaves_nothing(
     assert _notes(memory.settings, topics) == ["tx-0:released", "tx-1:released",
                                                "tx-2:released"]
     # Once more (the batch's commit was lost): the replay check finds all of it.
-    again = send_rows(options, _sink_rows(real, topics))
+    again = send_rows(options, release_rows(real, topics))
     assert (again.already_written, again.counts) == (6, {})
     assert len(read_topic(memory.settings, real)) == 3 and len(_notes(memory.settings,
                                                                       topics)) == 3
@@ -429,7 +412,7 @@ def test_send_rows_takes_back_a_transactional_id_another_producer_fenced(
 
     topics, real, options = _sink_topics(memory)
     monkeypatch.setattr("txstream.sinks.kafka_sink.replay_suspected", lambda: False)
-    rows = _sink_rows(real, topics, n=2)
+    rows = release_rows(real, topics, n=2)
     send_rows(options, rows[:2])
     other = make_transactional_producer(memory.settings, f"{options.transactional_id}-0")
     other.close()

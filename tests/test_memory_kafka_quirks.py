@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,6 @@ from txstream.kafka import make_consumer
 from txstream.kafka.memory import MemoryBroker
 
 from memory_helpers import Clock, assigned, fill, new_broker, offsets, trace_schedule
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def mem(clock: Clock) -> Iterator[MemoryBroker]:
-    with new_broker(clock) as broker:
-        yield broker
 
 
 def _read_to_end(consumer: Any, tp: TopicPartition, polls: int = 20) -> list[int]:

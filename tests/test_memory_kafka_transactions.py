@@ -6,7 +6,6 @@ Apache Kafka are in tests/test_memory_kafka_contract.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,18 +24,7 @@ from txstream.kafka import make_consumer, make_producer
 from txstream.kafka.memory import MemoryBroker
 from txstream.kafka.transactions import fenced
 
-from memory_helpers import Clock, assigned, new_broker, offsets
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def mem(clock: Clock) -> Iterator[MemoryBroker]:
-    with new_broker(clock) as broker:
-        yield broker
+from memory_helpers import Clock, assigned, offsets
 
 
 def _producer(mem: MemoryBroker, tid: str = "tx", **options: Any) -> Any:

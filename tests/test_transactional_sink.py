@@ -13,34 +13,19 @@ from kafka import KafkaAdminClient
 
 from txstream.kafka import KafkaSettings, make_consumer, partition_ends
 from txstream.kafka.reading import read_topic as read_committed
-from txstream.outputs import decode_history, encode_history
+from txstream.outputs import decode_history
 from txstream.schema import Kind
 from txstream.sinks.delivery import Delivery
 from txstream.sinks.kafka_sink import SinkOptions, send_rows
 from txstream.sinks.transactional import TransactionalDelivery
 from txstream.topics import Topics
-from txstream.wire import H, pack_headers
 
-from kafka_helpers import output_row
+from kafka_helpers import release_rows
 
 
 class Killed(Exception):
     """The task's process dying, as the sink sees it: nothing after this point runs."""
 
-
-def _rows(real: str, topics: Topics, n: int = 3) -> list[Any]:
-    """``n`` releases and their notes, with the ids of one batch's key."""
-    rows: list[Any] = []
-    for i in range(n):
-        txid, rid = f"tx-{i}", f"t.1.5.{i}"
-        rows.append(output_row(Kind.VISIBLE, real, f"order-{i}".encode(), f"body {i}".encode(),
-                               pack_headers(((H.TRANSACTION_ID, txid.encode()),
-                                             (H.RECORD_ID, rid.encode()))), rid, 5))
-        [(history, _)] = encode_history([(txid, 5, "released", {})], b"1", topics)
-        rows.append(output_row(Kind.HISTORY, topics.history, history.key, history.value,
-                               pack_headers(((H.RECORD_ID, f"t.1.5.n{i}".encode()),)),
-                               f"t.1.5.n{i}", 5))
-    return rows
 
 
 def read_uncommitted(settings: KafkaSettings, topic: str) -> list[Any]:
@@ -97,19 +82,19 @@ def test_a_task_killed_mid_transaction_leaves_nothing_and_its_replay_releases_on
     with monkeypatch.context() as patch:
         patch.setattr(TransactionalDelivery, "_note_dead_letters", die)
         with pytest.raises(Killed):
-            send_rows(options, _rows(real, topics))
+            send_rows(options, release_rows(real, topics))
     # The releases reached the broker, in a transaction left open: no reader that reads
     # committed records sees them, nor waits for them.
     assert len(read_uncommitted(settings, real)) == 3
     assert partition_ends(settings, real) == {0: 0}  # the last stable offset, not the end
     assert read_committed(settings, real) == [] and _notes(settings, topics) == []
 
-    commit = send_rows(options, _rows(real, topics))  # the task run again: a replay
+    commit = send_rows(options, release_rows(real, topics))  # the task run again: a replay
     assert commit.counts == {Kind.VISIBLE: 3, Kind.HISTORY: 3} and commit.already_written == 0
     assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1", b"body 2"]
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
     # Once more (the batch's commit was lost): the replay check finds all of it.
-    assert send_rows(options, _rows(real, topics)).already_written == 6
+    assert send_rows(options, release_rows(real, topics)).already_written == 6
     assert len(read_committed(settings, real)) == 3 and len(_notes(settings, topics)) == 3
 
 
@@ -117,7 +102,7 @@ def test_a_refused_release_is_dead_lettered_in_a_new_transaction(
         apache_kafka_settings: KafkaSettings, unique: str) -> None:
     settings = apache_kafka_settings
     topics, real = _topics(settings, unique, {"max.message.bytes": "1200"})
-    rows = _rows(real, topics, n=2)
+    rows = release_rows(real, topics, n=2)
     big = rows[2]._replace(value=b"x" * 5000)  # tx-1's release: over the topic's limit
     options = SinkOptions(kafka=settings, transactional_id=f"txstream-{unique}",
                           dead_letter_topic=topics.dead_letter)
@@ -151,10 +136,10 @@ def test_with_transactions_off_the_ordered_path_holds(
     with monkeypatch.context() as patch:
         patch.setattr(Delivery, "_acknowledged", die_before_notes)
         with pytest.raises(Killed):
-            send_rows(options, _rows(real, topics))
+            send_rows(options, release_rows(real, topics))
     # No transaction: the releases are there for every reader, and no note without them.
     assert len(read_committed(settings, real)) == 3 and _notes(settings, topics) == []
-    commit = send_rows(options, _rows(real, topics))
+    commit = send_rows(options, release_rows(real, topics))
     assert commit.already_written == 3 and commit.counts == {Kind.HISTORY: 3}
     assert len(read_committed(settings, real)) == 3
     assert _notes(settings, topics) == ["tx-0:released", "tx-1:released", "tx-2:released"]
@@ -179,7 +164,7 @@ def test_a_producer_fenced_by_another_takes_its_id_back(
 
     settings = apache_kafka_settings
     topics, real, options = _first_run_of_a_task(settings, unique, monkeypatch)
-    rows = _rows(real, topics, n=2)
+    rows = release_rows(real, topics, n=2)
     send_rows(options, rows[:2])
     other = make_transactional_producer(settings, f"txstream-{unique}-0")
     other.close()
@@ -200,7 +185,7 @@ def test_a_fenced_task_finds_what_another_attempt_of_it_committed(
 
     settings = apache_kafka_settings
     topics, real, options = _first_run_of_a_task(settings, unique, monkeypatch)
-    rows = _rows(real, topics, n=3)
+    rows = release_rows(real, topics, n=3)
     send_rows(options, rows[:2])  # an earlier batch: this process's producer, kept
     [key] = [k for k in clients._CACHED if k[0] == "sink-tx" and k[1].startswith(
         f"txstream-{unique}")]
