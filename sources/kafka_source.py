@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from txstream.kafka import topic_ids
+from txstream.kafka.partition_health import troubles_of
 from txstream.kafka.provision import create_command, ensure_topics, topic_spec
 from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
 from txstream.sources.data_loss import TOPIC_IDS, Loss, find_loss
@@ -228,6 +229,14 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         parts = self._topic_partitions()
+        # The half messages below the half topic's ends are marked as read again (0029): a
+        # partition whose leader is short of in-sync replicas may end short of what it holds
+        # (Kafka 4, KIP-966), and those would go unmarked.
+        if stalled := troubles_of(self.options.kafka, [self.options.half_topic]):
+            raise SourceReadError(
+                f"a new checkpoint begins where the half topic ends, and "
+                f"{'; '.join(map(str, stalled.values()))}: such a partition may end short of "
+                f"records it holds; the query starts once its replicas are back")
         tick = {"at": 0, "known": 1} if self.options.timer_file else None
         ends = records_of(self._high_watermarks({}))
         half_ends = {int(p): hw for p, hw in ends.get(self.options.half_topic, {}).items()}
@@ -276,7 +285,12 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``loss_confirm_ms`` (a new leader's high watermark catching up): those are not read
         meanwhile, as their end is below where they were read to."""
         now = self._clock()
-        self._below_since = {p: self._below_since.get(p, now) for p in loss.below}
+        # A leader short of in-sync replicas keeps its high watermark where it was: its
+        # partition waits, however long, until they are back.
+        troubled = troubles_of(self.options.kafka, sorted({t for t, _ in loss.below})) \
+            if loss.below else {}
+        self._below_since = {p: now if (p[0], int(p[1])) in troubled
+                             else self._below_since.get(p, now) for p in loss.below}
         waiting = frozenset(p for p, since in self._below_since.items()
                             if now - since < self.options.loss_confirm_ms)
         for p in sorted(waiting - self._told_below):

@@ -79,7 +79,7 @@ def test_the_sink_reads_each_body_back_once(kafka: KafkaSettings, unique: str) -
 
 
 @pytest.mark.parametrize(("row", "why"), [(5, "another transaction's record"),
-                                          (6, "no longer in the topic")])
+                                          (6, "lies past the end of its partition")])
 def test_a_body_gone_since_the_operator_read_it_fails_the_batch_and_writes_nothing(
         kafka: KafkaSettings, unique: str, row: int, why: str) -> None:
     """The operator found it and decided; the replay decides again with what is there (the
@@ -106,17 +106,29 @@ def test_rows_that_need_bodies_need_the_half_topic(kafka: KafkaSettings, unique:
         send_rows(SinkOptions(kafka=kafka, dead_letter_topic=topics.dead_letter), [row])
 
 
-def test_what_is_gone_says_why(kafka: KafkaSettings, unique: str) -> None:
+def test_what_is_gone_says_why(kafka: KafkaSettings, unique: str,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body past its partition's end is waited for ``SHORT_SETTLE_S`` (a new leader's high
+    watermark catching up), then gone."""
+    from txstream.errors import SendFailed
+    from txstream.readback import bodies
+
+    clock = [1000.0]
+    monkeypatch.setattr(bodies, "settle_clock", lambda: clock[0])
     topics = Topics.with_prefix(f"{unique}_")
     at = _half_topic(kafka, topics)
-    gone = gone_bodies(BodySource(kafka, topics.half), {
-        "tx-a": (0, at["tx-a"]), "tx-b": (0, at["tx-b"]), "tx-c": (0, at["tx-c"]),
-        "tx-x": (0, at["other-5"]),  # another transaction's record lies there
-        "tx-y": (0, 10_000),  # past the partition's end: gone
-    })
+    wanted = {"tx-a": (0, at["tx-a"]), "tx-b": (0, at["tx-b"]), "tx-c": (0, at["tx-c"]),
+              "tx-x": (0, at["other-5"]),  # another transaction's record lies there
+              "tx-y": (0, 10_000)}  # past the partition's end
+    with pytest.raises(SendFailed, match="short of offset 10000, a half message read before: "
+                                         "waiting up to 5 s"):
+        gone_bodies(BodySource(kafka, topics.half), wanted)
+    clock[0] += bodies.SHORT_SETTLE_S
+    gone = gone_bodies(BodySource(kafka, topics.half), wanted)
     assert gone == {"tx-x": OTHER_RECORD,
-                    "tx-y": "is no longer in the topic (its retention is shorter than "
-                            "transactions live)"}
+                    "tx-y": f"lies past the end of its partition ({max(at.values()) + 1}), which "
+                            "held it before: the half topic was created again, or the broker "
+                            "lost records (an unclean leader election)"}
 
 
 # --- a kept consumer's stale end, and a half topic recreated with fewer partitions -----------
@@ -219,7 +231,7 @@ def _read(source: BodySource, wanted: dict[str, tuple[int, int]]) -> list[Any]:
         positions.setdefault(partition, set()).add(offset)
     found = source.read(positions)
     return [(txid, found[at].value if at in found else None,
-             "" if at in found else source.why_missing(at[0])) for txid, at in wanted.items()]
+             "" if at in found else source.why_missing(*at)) for txid, at in wanted.items()]
 
 
 def test_a_kept_consumer_whose_fetch_has_not_come_back_reads_the_body_it_had_no_end_for(

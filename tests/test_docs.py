@@ -95,3 +95,10 @@ def test_the_architecture_page_names_every_module_where_it_lives() -> None:
     for folder, modules in actual.items():
         assert named[folder] == modules, (folder, sorted(modules - named[folder]),
                                           sorted(named[folder] - modules))
+
+
+def test_the_wait_for_a_short_partition_is_the_one_decision_0021_states() -> None:
+    from txstream.readback.bodies import SHORT_SETTLE_S
+
+    text = (REPO / "docs" / "decisions" / "0021-bodies-read-back.md").read_text()
+    assert f"`SHORT_SETTLE_S` ({SHORT_SETTLE_S:.0f} s;" in text

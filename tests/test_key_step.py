@@ -16,6 +16,7 @@ import pytest
 from txstream.kafka import KafkaSettings
 from txstream.kafka.memory import MemoryBroker
 from txstream.message import Decision, EndEvent, Message
+from txstream.readback import bodies
 from txstream.schema import EventRow, Kind
 from txstream.sources.event_rows import record_row, unreadable_row
 from txstream.state.bucket import Bucket
@@ -127,7 +128,10 @@ def half_topic() -> Iterator[KafkaSettings]:
         yield KafkaSettings(bootstrap_servers="memory://key-step-tests")
 
 
-def test_a_body_that_is_gone_is_told_as_an_event(half_topic: KafkaSettings) -> None:
+def test_a_body_that_is_gone_is_told_as_an_event(half_topic: KafkaSettings,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The partition has ended short of it for long enough (txstream.readback.bodies).
+    monkeypatch.setattr(bodies, "SHORT_SETTLE_S", 0.0)
     other = "0190A1B2C3D47E5F8A9B0C1D2E3F4A5C"
     step = KeyStep(POLICY, TOPICS, half_topic)
     held = step.run(KEY, Bucket(), [half(0), half(40, other)], T0, T0).state

@@ -19,6 +19,7 @@ from pyspark.sql.types import BinaryType, Row, StructField, StructType
 from txstream.kafka import KafkaSettings
 from txstream.kafka.memory import MemoryBroker
 from txstream.message import Decision, EndEvent, Message
+from txstream.readback import bodies
 from txstream.schema import EventRow, Kind, OutputRow
 from txstream.sources.event_rows import record_row, unreadable_row
 from txstream.state.bucket import Bucket
@@ -222,7 +223,10 @@ def _history(rows: Sequence[OutputRow]) -> list[dict[str, Any]]:
     return [n for r in rows if r.kind == Kind.HISTORY for n in decode_history(r.value, r.key)]
 
 
-def test_a_commit_whose_body_is_gone_is_no_release_and_the_half_sent_again_is() -> None:
+def test_a_commit_whose_body_is_gone_is_no_release_and_the_half_sent_again_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The partition has ended short of it for long enough (txstream.readback.bodies).
+    monkeypatch.setattr(bodies, "SHORT_SETTLE_S", 0.0)
     state = group_state(T0)
     call(state, [half_row(offset=40)])  # held without its body: nothing lies at offset 40
     later = group_state(T0 + 1_000, state.get[0])

@@ -237,6 +237,9 @@ def _recovery_only_over_used_topics(mp: pytest.MonkeyPatch) -> None:
         return recovery(self, why, half_ends) if used or "new checkpoint" not in why else None
 
     mp.setattr(kafka_source.KafkaEventReader, "_recovery", only_when_used)
+    # Bodies past the end of the recreated half topic gone at once, as when the seed was found
+    # (defect 23's wait moves its schedule; the run fixed passes with either).
+    mp.setattr(bodies, "SHORT_SETTLE_S", 0.0)
 
 
 def _in_doubt_unsaid(mp: pytest.MonkeyPatch) -> None:
@@ -268,6 +271,45 @@ def _transactional_id_per_checkpoint(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(transactions, "transactional_id_of", lambda half: f"txstream-{next(made)}")
 
 
+def _short_end_is_gone(mp: pytest.MonkeyPatch) -> None:
+    """23 (a replicated broker): a body the read-back did not find was gone, whatever the
+    partition's end. A Kafka 4 leader short of in-sync replicas keeps its high watermark
+    where it was (KIP-966): a committed message whose half message lay past it was
+    dead-lettered as lost while its record was stored."""
+    mp.setattr(bodies.BodySource, "short", lambda self, partition, offset: False)
+
+
+def _short_end_waited_out(mp: pytest.MonkeyPatch) -> None:
+    """23b: a partition ending short of a body was waited for ``SHORT_SETTLE_S`` whatever its
+    replicas: a stall longer than that (a replica down for minutes) lost the message all the
+    same."""
+    mp.setattr(bodies, "troubles_of", lambda settings, topics: {})
+
+
+def _checkpoint_on_a_stalled_end(mp: pytest.MonkeyPatch) -> None:
+    """24: the source took a half partition's high watermark for its end while its leader was
+    short of in-sync replicas. A new checkpoint began then: the half messages past the held
+    high watermark, read and released before, were not marked as read again (0029), came in
+    once it moved on, past the reserved time of the outcomes the history gave back, and were
+    released a second time."""
+    mp.setattr(kafka_source, "troubles_of", lambda settings, topics: {})
+
+
+def _stalled_end_taken_for_loss(mp: pytest.MonkeyPatch) -> None:
+    """24b: a partition seen ending below the checkpoint for ``loss_confirm_ms`` was taken for
+    records lost, even while its leader was short of in-sync replicas. With
+    fail_on_data_loss=false it was read again from its start, over the held high watermark:
+    the half messages past it were not marked as read again, and one was released twice."""
+    confirmed = kafka_source.KafkaEventReader._confirmed
+
+    def blind(self: Any, loss: Any) -> Any:
+        with pytest.MonkeyPatch.context() as inner:
+            inner.setattr(kafka_source, "troubles_of", lambda settings, topics: {})
+            return confirmed(self, loss)
+
+    mp.setattr(kafka_source.KafkaEventReader, "_confirmed", blind)
+
+
 # (name, the old rule put back, a seed that breaks with it, what the oracle says). A negative
 # seed plays its schedule on the ordered path (no Kafka transactions), where it was found.
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
@@ -296,6 +338,11 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
      "the history says released; it is not on its real topic"),
     ("22-transactional-id-per-checkpoint", _transactional_id_per_checkpoint, 205381,
      "the history says released; it is not on its real topic"),
+    ("23-short-end-is-gone", _short_end_is_gone, 60, "HALF_MESSAGE_LOST while its body"),
+    ("23b-short-end-waited-out", _short_end_waited_out, 170,
+     "HALF_MESSAGE_LOST while its body"),
+    ("24-checkpoint-on-a-stalled-end", _checkpoint_on_a_stalled_end, 2450, "released 2 times"),
+    ("24b-stalled-end-taken-for-loss", _stalled_end_taken_for_loss, 27860, "released 2 times"),
     # Each recovery guard taken out (issue 39's oracle defect: none of the first two was seen).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
     ("guard-look", GUARDS["look"], 300, "released 2 times"),

@@ -99,6 +99,7 @@ class Producers:
         self.requested: dict[tuple[str, str], tuple[int, int]] = {}
         self.answered: set[tuple[str, str, tuple[int, int]]] = set()
         self.skipped: list[tuple[str, str, tuple[int, int], int]] = []
+        self.expired_when_written = 0
         self.late_answers = 0  # answers given a while after their request was read
         # An application that sends a half message again this long after it read that its
         # release was lost (a HALF_MESSAGE_LOST dead letter keyed by its id; 0: never).
@@ -256,8 +257,17 @@ class Producers:
                     continue
                 key = (group, f.request.message.transaction_id)
                 self.requested[key] = max(self.requested.get(key, (0, 0)), _which(f.request))
-                if i not in chosen:
-                    self.skipped.append((*key, _which(f.request), self.world.now))
+                if i in chosen:
+                    continue
+                valid = f.request.valid_until
+                stamp = f.timestamp_ms
+                if valid is not None and stamp is not None and (
+                        stamp > valid + self.choice[group].grace_ms):
+                    # Written past its validity: a batch replayed long after it was planned
+                    # (a partition's outage failed it meanwhile); the next check is due at once.
+                    self.expired_when_written += 1
+                    continue
+                self.skipped.append((*key, _which(f.request), self.world.now))
             for i in sorted(chosen):
                 req = fetched[i].request
                 assert req is not None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import txstream.kafka.read_back as read_back
+import txstream.readback.bodies as bodies
 import txstream.streaming.engine.transactions as transactions
 from txstream.errors import TxStreamError
 from txstream.kafka.read_back import READ_BACK_CHUNK
@@ -55,7 +56,7 @@ COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, D
 # the seeds that caught a defect (tests/test_sim_defects.py) keep catching it.
 _MAIN_FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate",
                 "flood")
-_LATER_FAULTS = ("refuse", "foreign", "resend")
+_LATER_FAULTS = ("refuse", "foreign", "resend", "stall")
 FAULTS = _MAIN_FAULTS + _LATER_FAULTS
 _CRASH_POINTS = ("planned", "writing", "written")
 
@@ -169,6 +170,31 @@ def _refuse(rng: random.Random, traffic_ms: int) -> list[Fault]:
     return faults
 
 
+def _stall(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """A half partition's leader short of in-sync replicas keeps its high watermark a few
+    records back (Kafka 4, KIP-966), sometimes past the source's patience with an end below
+    its checkpoint (``loss_confirm_ms``), sometimes across a new checkpoint."""
+    at, length = rng.randrange(traffic_ms), rng.choice((1000, 4000, 40_000))
+    faults = [Fault(at, "stall", length, (rng.randrange(4), rng.choice((1, 2, 5))))]
+    if rng.random() < 0.3:
+        faults.append(Fault(at + rng.randrange(length), "fresh"))
+    return faults
+
+
+def _stall_real(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """The same on a real topic's partition: releases written past its held high watermark
+    are stored and not handed out, and a look for them (0029, the replay check) must not
+    conclude they were never written."""
+    at = rng.randrange(traffic_ms)
+    faults = [Fault(at, "stall", rng.choice((1000, 4000, 40_000)),
+                    (rng.randrange(4), rng.choice((1, 2, 5)), "real"))]
+    if rng.random() < 0.5:
+        point, appends = rng.choice(("writing", "written")), rng.randrange(1, 6)
+        then = ("fresh",) if rng.random() < 0.5 else ()
+        faults.append(Fault(at + rng.randrange(1, 1000), "crash", arg=(point, appends, *then)))
+    return faults
+
+
 def _crash_then_fresh(rng: random.Random, traffic_ms: int) -> list[Fault]:
     """A batch dies as it writes, and a new checkpoint replaces the old one before the batch
     runs again: what it wrote is all a successor can know of it (0029)."""
@@ -223,13 +249,18 @@ _FAMILIES = (
     ("recreate-away", ("recreate", "outage"), 0.25, _recreated_while_away),
     ("resend", ("resend",), 0.15, _lost_then_resent),
     ("foreign", ("foreign",), 0.2, _foreign),
+    ("stall", ("stall",), 0.2, _stall),  # replicated brokers only (not like tansu)
+    ("stall-real", ("stall", "crash", "fresh"), 0.15, _stall_real),  # the same
 )
 
 
-def _later_faults(seed: int, traffic_ms: int, kinds: tuple[str, ...]) -> list[Fault]:
+def _later_faults(seed: int, traffic_ms: int, kinds: tuple[str, ...], replicated: bool
+                  ) -> list[Fault]:
     faults: list[Fault] = []
     for name, needs, probability, draw in _FAMILIES:
         rng = random.Random(f"{seed}:{name}")
+        if name.startswith("stall") and not replicated:
+            continue
         if set(needs) <= set(kinds) and rng.random() < probability:
             faults += draw(rng, traffic_ms)
     return faults
@@ -263,7 +294,7 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
     # From a stream of its own: drawing it moves no other part of a seed's schedule.
     sc.transactional = (TRANSACTIONS and not sc.like_tansu
                         and random.Random(f"{seed}:transactions").random() < 0.5)
-    later = _later_faults(seed, traffic_ms, kinds)
+    later = _later_faults(seed, traffic_ms, kinds, replicated=not sc.like_tansu)
     if later:
         sc.faults = sorted(sc.faults + later, key=lambda f: f.at)
     if any(f.kind == "foreign" for f in later):
@@ -375,6 +406,8 @@ class Simulation:
             self.refusing_until = max(self.refusing_until, now + fault.length)
         elif fault.kind == "resend":
             self.producers.resend_lost_after = fault.arg
+        elif fault.kind == "stall":
+            self._stall(fault)
         elif fault.kind == "foreign":
             if fault.arg[2]:
                 self.foreign_after_crash.append(fault.arg)
@@ -392,6 +425,17 @@ class Simulation:
                 while world.broker.end_offset(world.topics.half, p) <= read.get(p, 0):
                     world.broker.append(world.topics.half, None, b"filler", partition=p)
         self.quiet_since = max(self.quiet_since, now + fault.length)
+
+    def _stall(self, fault: Fault) -> None:
+        index, back, *where = fault.arg
+        broker = self.world.broker
+        topic = self.rng.choice(self.real_topics) if where else self.world.topics.half
+        count = broker.partition_count(topic) if topic in broker.topic_names() else None
+        if count:
+            p = index % count
+            at = max(broker.start_offset(topic, p), broker.end_offset(topic, p) - back)
+            broker.hold_high_watermark(topic, p, at, self.world.now + fault.length)
+            self.refusing_until = max(self.refusing_until, self.world.now + fault.length)
 
     def _foreign(self, arg: tuple[int, int, bool]) -> None:
         """Another writer's records on a real topic, stamped ``skew`` off the true time."""
@@ -489,6 +533,12 @@ class Simulation:
             self.report.faults["failed batch (a partition refusing)"] += 1
             self.spark.restart()
             return
+        if "a half message read before" in str(exc):
+            # Its partition ends short of a body (a recreated half topic): the batch fails
+            # until bodies.SHORT_SETTLE_S has passed, then the body is gone.
+            self.report.faults["failed batch (a half partition short)"] += 1
+            self.spark.restart()
+            return
         batch = 0 if self.spark.committed is None else self.spark.committed + 1
         self.failures = self.failures + 1 if batch == self.failed_batch else 1
         self.failed_batch = batch
@@ -518,7 +568,8 @@ class Simulation:
         world.set_down(False)
         self.producers.away.clear()
         self.down_until = 0
-        settle_until = world.now + self._settling_time()
+        # From when every partition takes writes again (a stall may outlast the traffic).
+        settle_until = max(world.now, self.refusing_until) + self._settling_time()
         ticks = 0
         while world.now < settle_until and (ticks % 5 or not self._all_ended()):
             self._tick()
@@ -581,8 +632,10 @@ def run(seed: int, kinds: tuple[str, ...] = FAULTS) -> Report:
         sc = scenario(seed, kinds)
         simulation = Simulation(sc, Path(tmp))
         chunk, read_back.READ_BACK_CHUNK = read_back.READ_BACK_CHUNK, sc.read_back_chunk
+        clock, bodies.settle_clock = bodies.settle_clock, lambda: simulation.world.now / 1000
         try:
             return simulation.run()
         finally:
             read_back.READ_BACK_CHUNK = chunk
+            bodies.settle_clock = clock
             simulation.world.close()

@@ -66,10 +66,11 @@ class World:
 
     def _records(self, topic: str, partition: int) -> list[Rec]:
         """What a reader sees: a read_committed one (every reader, with transactions) sees
-        neither aborted records nor any at or past the last stable offset."""
+        neither aborted records nor any at or past the last stable offset. A high watermark
+        held back (a ``stall``) is seen through: what it holds back is handed out later."""
         stored = self.broker.records(topic, partition)
         if self.committed:
-            stable = self.broker.last_stable_offset(topic, partition)
+            stable = self.broker.last_stable_offset(topic, partition, held=False)
             aborted = self.broker.transactions_of(topic, partition).aborted
             stored = [r for r in stored if r.offset < stable and r.offset not in aborted]
         return [Rec(topic, partition, r.offset, r.key, r.value, list(r.headers), r.timestamp)

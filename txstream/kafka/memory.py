@@ -17,7 +17,8 @@ replica). Idempotent acks=all producers, ``assign()`` consumers, the admin calls
 one and aborts what it left open; COMMIT and ABORT markers take offsets; ``read_committed``
 consumers read below the last stable offset and skip aborted records, their ``highwater()``
 the last stable offset (as txstream's ``CommittedEndConsumer``). Not here: consumer groups
-(refused by name), ACLs, quotas, replication, record batches (a record is its own batch), a
+(refused by name), ACLs, quotas, replication (the metadata shows ``replicas``, one copy is
+kept), record batches (a record is its own batch), a
 broker-side ``max.message.bytes`` (the producer's ``max_request_size`` check is kept).
 ListOffsets (a reset to ``latest``, ``end_offsets``) answers right, as tansu's does not.
 
@@ -36,6 +37,9 @@ Faults the simulation switches: ``down`` (no answer to anything: polls bring not
 sends are not acknowledged and their records expire with kafka-python's ``KafkaTimeoutError``,
 new clients cannot bootstrap); :meth:`MemoryBroker.refuse_appends` (one partition takes no
 writes for a while, the others do: Kafka acknowledges each partition on its own);
+:meth:`MemoryBroker.hold_high_watermark` (a partition's leader short of in-sync replicas keeps
+its high watermark back, KIP-966: what it acknowledged past it is stored, not handed out; the
+metadata shows one replica of ``replicas`` in sync);
 :meth:`MemoryBroker.in_doubt_next` (a send that is stored but whose acknowledgement is lost:
 the future fails, the record is there); ``on_append`` (called before each append a client
 makes, not before a marker: raising there, e.g. to kill a simulated process mid-write, leaves
@@ -147,7 +151,7 @@ class MemoryBroker:
                  auto_create: bool = True, default_partitions: int = 1,
                  honours_log_append_time: bool = True, out_of_range_above_end: bool = True,
                  tells_broker_configs: bool = True, in_flight_probability: float = 0.1,
-                 stale_fetch_probability: float = 0.5) -> None:
+                 stale_fetch_probability: float = 0.5, replicas: int = 2) -> None:
         if not _NAME.match(name):
             raise ConfigError(f"a memory broker's name must be [A-Za-z0-9._-]+, got {name!r}")
         self.name = name
@@ -158,6 +162,10 @@ class MemoryBroker:
         self.honours_log_append_time = honours_log_append_time
         self.out_of_range_above_end = out_of_range_above_end
         self.tells_broker_configs = tells_broker_configs
+        # Replicas per partition, as the metadata shows them, with ``min.insync.replicas``
+        # as many (one replica: tansu's, no such setting told); a partition's records are
+        # kept once all the same.
+        self.replicas = replicas
         self.in_flight_probability = in_flight_probability
         self.stale_fetch_probability = stale_fetch_probability
         self.down = False
@@ -166,6 +174,7 @@ class MemoryBroker:
         self.client_clocks: dict[str, Clock] = {}
         self._in_doubt = 0
         self._refusing: dict[tuple[str, int], int] = {}  # partition -> refuses until (ms)
+        self._holding: dict[tuple[str, int], int] = {}  # partition -> holds its HW until (ms)
         self._topics: dict[str, Topic] = {}
         self.transactions = TransactionCoordinator(clock)
 
@@ -175,7 +184,7 @@ class MemoryBroker:
         """A broker that answers as tansu does where tansu and Kafka differ."""
         defaults = {"auto_create": True, "default_partitions": 4,
                     "honours_log_append_time": False, "out_of_range_above_end": False,
-                    "tells_broker_configs": False}
+                    "tells_broker_configs": False, "replicas": 1}
         return cls(name, clock, rng, **{**defaults, **options})
 
     @property
@@ -309,15 +318,19 @@ class MemoryBroker:
         self.transactions.expire()
         return self._log(topic, partition).end
 
-    def last_stable_offset(self, topic: str, partition: int) -> int:
+    def last_stable_offset(self, topic: str, partition: int, held: bool = True) -> int:
+        """``held=False``: of what is stored, past a high watermark held back."""
         self.transactions.expire()
-        return self._log(topic, partition).last_stable
+        self.release_holds()
+        log = self._log(topic, partition)
+        return log.last_stable if held else log.stable_end
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int,
               at_least_one: bool = True, committed: bool = False) -> FetchAnswer:
         """The answer to a fetch of one partition at ``offset``, ``read_committed`` or not
         (see :meth:`PartitionLog.read`)."""
         self.transactions.expire()
+        self.release_holds()
         found = self._topics.get(topic)
         if found is None or not 0 <= partition < len(found.logs):
             return FetchAnswer("unknown", -1, -1, (), -1, offset)
@@ -329,11 +342,12 @@ class MemoryBroker:
         """The log start (earliest) or end (``committed``: the last stable offset), or None
         for a partition that does not exist."""
         self.transactions.expire()
+        self.release_holds()
         found = self._topics.get(topic)
         if found is None or not 0 <= partition < len(found.logs):
             return None
         log = found.logs[partition]
-        return log.start if earliest else log.last_stable if committed else log.end
+        return log.start if earliest else log.last_stable if committed else log.high_watermark
 
     # --- retention and compaction ------------------------------------------------------------
 
@@ -383,6 +397,31 @@ class MemoryBroker:
         """Whether clients' appends to the partition are refused now."""
         until = self._refusing.get((topic, partition))
         return until is not None and self.clock() < until
+
+    def hold_high_watermark(self, topic: str, partition: int, at: int, until_ms: int) -> None:
+        """Until ``until_ms``, one partition's leader has fewer in-sync replicas than
+        ``min.insync.replicas`` and keeps its high watermark at ``at`` (Kafka 4, KIP-966: a
+        leader elected from the last replica in sync learnt it a fetch late): records it
+        acknowledged past ``at`` are stored, not handed out; appends are refused; the
+        metadata shows one replica of two in sync (``in_sync``)."""
+        self._log(topic, partition).held = at
+        self._holding[(topic, partition)] = until_ms
+        self.refuse_appends(topic, partition, until_ms)
+
+    def in_sync(self, topic: str, partition: int) -> int:
+        """How many of the partition's ``replicas`` are in sync now."""
+        self.release_holds()
+        return 1 if (topic, partition) in self._holding else self.replicas
+
+    def release_holds(self) -> None:
+        """Partitions whose replicas are back in sync hand out all they acknowledged."""
+        now = self.clock()
+        for (topic, partition), until in list(self._holding.items()):
+            if now >= until:
+                del self._holding[(topic, partition)]
+                found = self._topics.get(topic)
+                if found is not None and partition < len(found.logs):
+                    found.logs[partition].held = None
 
     def check_up(self, what: str = "answer") -> None:
         """Raise kafka-python's timeout when the broker is down."""

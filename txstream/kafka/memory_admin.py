@@ -11,6 +11,8 @@ from txstream.kafka.memory import MEMORY_SCHEME, MemoryBroker, UnsupportedByMemo
 
 __all__ = ["MemoryAdmin"]
 
+MIN_ISR = "min.insync.replicas"
+
 
 class MemoryAdmin:
     """kafka-python's ``KafkaAdminClient``, the calls txstream makes, answering in its shapes
@@ -47,8 +49,10 @@ class MemoryAdmin:
             return {"error_code": 3, "name": name, "topic_id": None, "is_internal": False,
                     "partitions": [], "authorized_operations": None}
         node = self.BROKER_ID
+        replicas = list(range(node, node + broker.replicas))
         parts = [{"error_code": 0, "partition_index": p, "leader_id": node, "leader_epoch": 0,
-                  "replica_nodes": [node], "isr_nodes": [node], "offline_replicas": []}
+                  "replica_nodes": replicas,
+                  "isr_nodes": replicas[:broker.in_sync(name, p)], "offline_replicas": []}
                  for p in range(count)]
         return {"error_code": 0, "name": name, "topic_id": broker.topic_id(name),
                 "is_internal": False, "partitions": parts, "authorized_operations": None}
@@ -105,8 +109,9 @@ class MemoryAdmin:
 
     def describe_configs(self, config_resources: Sequence[Any], include_synonyms: bool = False,
                          config_filter: str = "modified") -> dict[str, Any]:
-        """Topics: the configs they were given; the broker: ``auto.create.topics.enable``
-        (unless made like tansu, which tells nothing)."""
+        """Topics: the configs they were given (``config_filter="all"``: with
+        ``min.insync.replicas``, the broker's default, as many as the replicas); the broker:
+        ``auto.create.topics.enable`` (unless made like tansu, which tells nothing)."""
         from kafka.admin import ConfigResourceType
 
         broker = self._up()
@@ -115,6 +120,8 @@ class MemoryAdmin:
             if resource.resource_type == ConfigResourceType.TOPIC:
                 found = (broker.topic_configs(resource.name)
                          if broker.partition_count(resource.name) is not None else {})
+                if config_filter == "all" and broker.replicas > 1:  # defaults told too
+                    found = {MIN_ISR: str(broker.replicas), **found}
                 out.setdefault("topic", {})[resource.name] = {
                     k: _config_entry(v) for k, v in found.items()}
             elif resource.resource_type == ConfigResourceType.BROKER:

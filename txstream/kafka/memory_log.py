@@ -110,19 +110,31 @@ class FetchRequest:
 
 class PartitionLog:
     """One partition: its records by offset (gaps after compaction, and where transaction
-    markers lie), log start and end (the high watermark: there is one replica), and its
-    transactions (``txn``)."""
+    markers lie), log start and end, and its transactions (``txn``). The high watermark is
+    the end, unless ``held`` below it: a leader with fewer in-sync replicas than
+    ``min.insync.replicas`` keeps its high watermark where it was (Kafka 4, KIP-966), and what
+    it acknowledged past it is not handed out."""
 
     def __init__(self) -> None:
         self.records: list[StoredRecord] = []
         self.start = 0
         self.end = 0
+        self.held: int | None = None
         self.txn = PartitionTransactions()
+
+    @property
+    def high_watermark(self) -> int:
+        return self.end if self.held is None else max(self.start, min(self.end, self.held))
 
     @property
     def last_stable(self) -> int:
         """Where ``read_committed`` readers stop: the first offset of the oldest open
-        transaction, else the end."""
+        transaction, else the high watermark."""
+        return min(self.stable_end, self.high_watermark)
+
+    @property
+    def stable_end(self) -> int:
+        """The last stable offset of what is stored, whatever the high watermark held."""
         first = self.txn.first_unstable()
         return self.end if first is None else max(self.start, first)
 
@@ -181,8 +193,10 @@ class PartitionLog:
         by: they count towards the sizes)."""
         stable = self.last_stable
         if offset < self.start or (offset > self.end and above_end_out_of_range):
-            return FetchAnswer("out_of_range", self.end, self.start, (), stable, offset)
-        limit = stable if committed else self.end
+            return FetchAnswer("out_of_range", self.high_watermark, self.start, (), stable,
+                               offset)
+        hw = self.high_watermark
+        limit = stable if committed else hw
         hidden = self.txn.aborted if committed else set()
         first = bisect.bisect_left(self.records, offset, key=lambda r: r.offset)
         taken: list[StoredRecord] = []
@@ -197,7 +211,7 @@ class PartitionLog:
                 break
             if record.offset not in hidden:
                 taken.append(record)
-        return FetchAnswer(None, self.end, self.start, tuple(taken), stable, covered)
+        return FetchAnswer(None, hw, self.start, tuple(taken), stable, covered)
 
 
 class Topic:

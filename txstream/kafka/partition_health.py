@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from txstream.kafka.protocols import Admin
+from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas"]
+__all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "troubles_of"]
 
 MIN_ISR = "min.insync.replicas"
 
@@ -87,3 +88,16 @@ def _trouble(topic: str, part: Mapping[str, Any], min_in_sync: int) -> Partition
         return None
     return PartitionTrouble(topic, int(part["partition_index"]), in_sync, replicas,
                             min_in_sync, leader)
+
+
+def troubles_of(settings: KafkaSettings, topics: Sequence[str]
+                ) -> dict[tuple[str, int], PartitionTrouble]:
+    """:func:`partition_troubles` of ``topics``, asked with an admin client of its own, by
+    (topic, partition). A leader short of in-sync replicas also keeps its high watermark
+    where it was (Kafka 4, KIP-966): a reader finds such a partition ending below records it
+    read before, none of them lost."""
+    from txstream.kafka.provision import admin_client
+
+    with admin_client(settings) as admin:
+        limits = min_insync_replicas(admin, topics)
+        return {(t.topic, t.partition): t for t in partition_troubles(admin, topics, limits)}

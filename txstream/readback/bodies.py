@@ -21,8 +21,17 @@ Reads use the process's kept consumer, whose idea of a partition's end may be ol
 read: kafka-python keeps the high watermark of a fetch it sent ahead and buffered. So a read
 that ends with wanted offsets missing is no verdict: they are read again with a brand-new
 consumer, whose fetches are all made for this read, in the partitions the broker says exist
-now (asked afresh). Only a body this second read does not find is gone. The common path keeps
-its one kept consumer; a read with bodies missing pays for two new connections.
+now (asked afresh). The common path keeps its one kept consumer; a read with bodies missing
+pays for two new connections.
+
+A body the second read does not find, below its partition's end, is gone (retention). One
+past the end is not, yet: every wanted body was read once, so the partition's end was past it
+then. A leader with fewer in-sync replicas than ``min.insync.replicas`` keeps its high
+watermark where it was (Kafka 4, KIP-966), and a new leader learns it a fetch late: the body
+is there, not handed out. So while the partition has no leader or too few replicas in sync,
+the read fails (the batch runs again); once it has them, a body past the end for
+``SHORT_SETTLE_S`` (this process's clock) is gone: the half topic was created again, or the
+broker lost records (docs/decisions/0021-bodies-read-back.md).
 
 The sink's side: a release, check request or discard of a half message held without its body
 comes to the sink with a null value and where the body lies (``OutputRow.body_partition``,
@@ -39,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from txstream.errors import SendFailed
@@ -47,18 +56,20 @@ from txstream.kafka import (
     ConsumerRecord,
     KafkaSettings,
     PatientConsumer,
+    TopicPartition,
     Unreadable,
     close_quietly,
     make_admin,
     read_range,
 )
 from txstream.kafka.errors import NoError, UnknownTopicOrPartitionError, for_code
+from txstream.kafka.partition_health import troubles_of
 from txstream.kafka.reading import ConsumerFor
 from txstream.schema import OutputRow
 from txstream.wire import H
 
 __all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD", "needs_body",
-           "with_bodies"]
+           "with_bodies", "SHORT_SETTLE_S", "settle_clock"]
 
 # Wanted offsets at most this far apart are read in one range: reading the records between
 # them costs less than another fetch round trip.
@@ -72,10 +83,21 @@ SLOW_READ_S = 0.25
 
 Position = tuple[int, int]  # (partition, offset) in the half topic
 Found = dict[Position, ConsumerRecord | Unreadable]  # the records read back, by position
+Bounds = tuple[int, int | None]  # a partition's log start, and its end if a fetch told it
 # A reader must not create the topic it reads (a broker may on a metadata request).
 _OPTIONS: dict[str, Any] = {"role": "sink", "allow_auto_create_topics": False}
 
 OTHER_RECORD = "is another transaction's record (was the half topic recreated?)"
+
+# How long a healthy partition must end short of a body read before for the body to be gone:
+# a new leader's high watermark catches up within a follower's fetch (replica.fetch.wait.max.ms
+# is 500 ms).
+SHORT_SETTLE_S = 5.0
+# The clock of that wait (a simulation sets its own). Per process, by (servers, topic,
+# partition): a failed batch's replay is a new call, on a new BodySource.
+settle_clock: Callable[[], float] = time.monotonic
+# (servers, topic, partition) -> (found short since, last found short)
+_SHORT_SINCE: dict[tuple[str, str, int], tuple[float, float]] = {}
 
 
 def ranges(offsets: Iterable[int], gap: int = RANGE_GAP) -> list[tuple[int, int]]:
@@ -102,12 +124,13 @@ class BodySource:
             settings, kept_as=("bodies", repr(sorted(settings.as_dict().items()))),
             **_OPTIONS)
         self._absent: set[int] = set()  # partitions the last read found do not exist
+        self._bounds: dict[int, Bounds] = {}  # of the partitions the last read missed in
 
     def read(self, wanted: dict[int, set[int]]) -> Found:
         """The records at ``wanted`` ({partition: offsets}) that are still there, by position
         (a ConsumerRecord, or :class:`Unreadable`). :meth:`why_missing` says why one is not."""
         found: Found = {}
-        self._absent = set()
+        self._absent, self._bounds = set(), {}
         started = time.monotonic()
         try:
             missing = self._read_into(found, wanted, self._kept)
@@ -123,17 +146,31 @@ class BodySource:
                         sum(map(len, wanted.values())), self.topic, took * 1000)
         return found
 
-    def why_missing(self, partition: int) -> str:
-        """Why a body the last :meth:`read` wanted in ``partition`` is not among what it
-        returned, as the end of a sentence about that body."""
+    def why_missing(self, partition: int, offset: int) -> str:
+        """Why a body the last :meth:`read` wanted is not among what it returned, as the end of
+        a sentence about that body."""
         if partition in self._absent:
             return (f"is gone: partition {partition} no longer exists (the half topic was "
                     f"deleted, or recreated with fewer partitions)")
+        start, end = self._bounds.get(partition, (None, None))
+        if start is not None and end is not None and offset >= max(start, end):
+            return (f"lies past the end of its partition ({end}), which held it before: the "
+                    f"half topic was created again, or the broker lost records (an unclean "
+                    f"leader election)")
         return "is no longer in the topic (its retention is shorter than transactions live)"
 
+    def short(self, partition: int, offset: int) -> bool:
+        """Whether the last :meth:`read` found the partition ending short of ``offset``."""
+        start, end = self._bounds.get(partition, (None, None))
+        return (partition not in self._absent and start is not None and offset >= start
+                and (end is None or offset >= end))
+
     def _read_into(self, found: Found, wanted: dict[int, set[int]],
-                   consumer_for: ConsumerFor) -> dict[int, set[int]]:
-        """Reads ``wanted`` into ``found``; returns the offsets it did not find."""
+                   consumer_for: ConsumerFor, bounds: dict[int, Bounds] | None = None
+                   ) -> dict[int, set[int]]:
+        """Reads ``wanted`` into ``found``; returns the offsets it did not find, and puts
+        where their partitions start and end (the end as the read found it, if it did) in
+        ``bounds``."""
         missing: dict[int, set[int]] = {}
         for partition, offsets in sorted(wanted.items()):
             for start, end in ranges(offsets):
@@ -143,18 +180,55 @@ class BodySource:
                         found[(partition, rec.offset)] = rec
             if left := {o for o in offsets if (partition, o) not in found}:
                 missing[partition] = left
+                if bounds is not None:  # where the partition starts and ends, for why
+                    tp = TopicPartition(self.topic, partition)
+                    consumer = consumer_for(False)
+                    bounds[partition] = (consumer.beginning_offsets([tp])[tp],
+                                         consumer.highwater(tp))
         return missing
 
     def _confirm(self, found: Found, missing: dict[int, set[int]]) -> None:
         """Reads ``missing`` again with a brand-new consumer (nothing it knows comes from
-        before this read), in the partitions that exist."""
+        before this read), in the partitions that exist, and notes where they end."""
         exists = self._partitions()
         self._absent = {p for p in missing if p not in exists}
         still = {p: offsets for p, offsets in missing.items() if p in exists}
         if not still:
             return
         with PatientConsumer(self.settings, **_OPTIONS) as fresh:
-            self._read_into(found, still, fresh)
+            self._read_into(found, still, fresh, self._bounds)
+
+    def hold_short(self, partitions: Mapping[int, int]) -> None:
+        """``partitions``: {partition: the lowest offset of a wanted body it ends short of}
+        after :meth:`read`. Raises :class:`SendFailed` (the batch runs again) unless each
+        has a leader and enough replicas in sync, and has been found short of bodies for
+        ``SHORT_SETTLE_S`` (with no such gap between two findings): until then the body may
+        be there, not handed out yet."""
+        if not partitions:
+            return
+        servers = str(self.settings.bootstrap_servers)
+        now = settle_clock()
+        troubles = {p: t for (_, p), t in troubles_of(self.settings, [self.topic]).items()}
+        for partition, offset in sorted(partitions.items()):
+            end = self._bounds[partition][1]
+            where = f"{self.topic}/{partition}"
+            key = (servers, self.topic, partition)
+            if partition in troubles or end is None:
+                _SHORT_SINCE.pop(key, None)
+                why = troubles.get(partition, "no end is known for it")
+                raise SendFailed(
+                    f"{where} ends short of offset {offset}, a half message read before: "
+                    f"{why}; a leader short of in-sync replicas keeps its high watermark "
+                    f"where it was, and hands out what it acknowledged past it once they are "
+                    f"back: the batch runs again")
+            since, last = _SHORT_SINCE.get(key, (now, now))
+            since = now if now - last > SHORT_SETTLE_S else since  # short again, afresh
+            _SHORT_SINCE[key] = (since, now)
+            if now - since < SHORT_SETTLE_S:
+                raise SendFailed(
+                    f"{where} ends at {end}, short of offset {offset}, a half message read "
+                    f"before: waiting up to {SHORT_SETTLE_S:.0f} s for its high watermark (a "
+                    f"new leader's) before taking it for gone; the batch runs again")
 
     def _partitions(self) -> set[int]:
         """The half topic's partitions as the broker says now (none: the topic does not
@@ -180,11 +254,16 @@ def gone_bodies(source: BodySource, wanted: Mapping[str, Position]) -> dict[str,
     for partition, offset in wanted.values():
         positions.setdefault(partition, set()).add(offset)
     records = source.read(positions)
+    short: dict[int, int] = {}
+    for partition, offset in wanted.values():
+        if (partition, offset) not in records and source.short(partition, offset):
+            short[partition] = min(offset, short.get(partition, offset))
+    source.hold_short(short)
     gone: dict[str, str] = {}
     for txid, (partition, offset) in wanted.items():
         rec = records.get((partition, offset))
         if rec is None:
-            gone[txid] = source.why_missing(partition)
+            gone[txid] = source.why_missing(partition, offset)
         elif isinstance(rec, Unreadable):
             gone[txid] = f"cannot be read: {rec.error}"
         elif rec.key != txid.encode("utf-8"):
@@ -238,7 +317,7 @@ def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepare
             continue
         rec = found.get(at)
         if rec is None:
-            why = source.why_missing(at[0])
+            why = source.why_missing(*at)
         elif isinstance(rec, Unreadable):
             why = f"cannot be read: {rec.error}"
         elif rec.key != _transaction_id(row, headers):
