@@ -52,6 +52,7 @@ class TxPlan:
     duplicate: bool = False  # the half message and end event are written twice
     in_doubt: bool = False  # the half message's acknowledgement is lost (it is stored)
     late_copy: int = 0  # ms after the send when its records are written again (0: never)
+    keyless: bool = False  # no message key: its release goes to any partition of its topic
 
 
 @dataclass
@@ -177,7 +178,8 @@ class Producers:
         truth = TxTruth(txid, plan)
         self.ledger.add(truth)
         msg = Message(plan.topic, f"body of {plan.business_key}".encode(), tags="T",
-                      keys=plan.business_key, transaction_id=txid, msg_id=txid,
+                      keys=None if plan.keyless else plan.business_key,
+                      transaction_id=txid, msg_id=txid,
                       producer_group=plan.group, born_timestamp=self._clock(plan.group))
         half = encode_half(msg, self.topics)
         self._halves[txid] = half

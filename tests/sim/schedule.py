@@ -182,17 +182,17 @@ def _stall(rng: random.Random, traffic_ms: int) -> list[Fault]:
 
 
 def _stall_real(rng: random.Random, traffic_ms: int) -> list[Fault]:
-    """The same on a real topic's partition: releases written past its held high watermark
-    are stored and not handed out, and a look for them (0029, the replay check) must not
-    conclude they were never written."""
-    at = rng.randrange(traffic_ms)
-    faults = [Fault(at, "stall", rng.choice((1000, 4000, 40_000)),
-                    (rng.randrange(4), rng.choice((1, 2, 5)), "real"))]
-    if rng.random() < 0.5:
-        point, appends = rng.choice(("writing", "written")), rng.randrange(1, 6)
-        then = ("fresh",) if rng.random() < 0.5 else ()
-        faults.append(Fault(at + rng.randrange(1, 1000), "crash", arg=(point, appends, *then)))
-    return faults
+    """The same on a real topic's partition (the latest one released to), sometimes just as a
+    batch died writing: what it released past the held high watermark is stored and not
+    handed out, and the look for it (the replay check, 0029's after a new checkpoint) must
+    not conclude it was never written."""
+    at, length = rng.randrange(traffic_ms), rng.choice((1000, 4000, 40_000))
+    back = rng.choice((1, 2, 5))
+    if rng.random() < 0.3:
+        return [Fault(at, "stall", length, (0, back, "real"))]
+    point, appends = rng.choice(("writing", "written")), rng.randrange(1, 6)
+    then = ("fresh",) if rng.random() < 0.5 else ()
+    return [Fault(at, "crash", arg=(point, appends, "stall", length, back, *then))]
 
 
 def _crash_then_fresh(rng: random.Random, traffic_ms: int) -> list[Fault]:
@@ -297,6 +297,11 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
     later = _later_faults(seed, traffic_ms, kinds, replicated=not sc.like_tansu)
     if later:
         sc.faults = sorted(sc.faults + later, key=lambda f: f.at)
+    if any((f.kind == "stall" and len(f.arg) == 3) or (f.kind == "crash" and "stall" in f.arg)
+           for f in later):
+        # Releases without a key go to any partition: past one whose high watermark is held.
+        keyless = random.Random(f"{seed}:keyless")
+        sc.plans = [replace(p, keyless=keyless.random() < 0.5) for p in sc.plans]
     if any(f.kind == "foreign" for f in later):
         sc.read_back_chunk = random.Random(seed ^ 0xC4).choice((5, 16, 2000))
     return sc
@@ -313,6 +318,9 @@ class Simulation:
         self.world.slack_ms = 3000 + 2 * (sc.policy.timer_lead + 400)
         topics = self.world.topics
         self.real_topics = sorted({p.topic for p in sc.plans})
+        if any(p.keyless for p in sc.plans):  # somewhere else to go than a stalled partition
+            for topic in self.real_topics:
+                self.world.broker.create_topic(topic, 3)
         fresh_ok = any(f.kind == "recreate" for f in sc.faults)
         source = SourceOptions(
             kafka=self.world.settings, half_topic=topics.half, end_topic=topics.end,
@@ -429,13 +437,23 @@ class Simulation:
     def _stall(self, fault: Fault) -> None:
         index, back, *where = fault.arg
         broker = self.world.broker
-        topic = self.rng.choice(self.real_topics) if where else self.world.topics.half
+        topic, p = self._last_released() if where else (self.world.topics.half, index)
         count = broker.partition_count(topic) if topic in broker.topic_names() else None
         if count:
-            p = index % count
+            p = p % count
             at = max(broker.start_offset(topic, p), broker.end_offset(topic, p) - back)
             broker.hold_high_watermark(topic, p, at, self.world.now + fault.length)
             self.refusing_until = max(self.refusing_until, self.world.now + fault.length)
+
+    def _last_released(self) -> tuple[str, int]:
+        """The real topic partition of the latest release (the first one's, if none yet)."""
+        broker, latest = self.world.broker, (-1, self.real_topics[0], 0)
+        for topic in self.real_topics:
+            for p in range(broker.partition_count(topic) or 0):
+                records = broker.records(topic, p)
+                if records and records[-1].timestamp > latest[0]:
+                    latest = (records[-1].timestamp, topic, p)
+        return latest[1], latest[2]
 
     def _foreign(self, arg: tuple[int, int, bool]) -> None:
         """Another writer's records on a real topic, stamped ``skew`` off the true time."""
@@ -472,6 +490,9 @@ class Simulation:
             self.pending_crash = None
             while self.foreign_after_crash:
                 self._foreign(self.foreign_after_crash.pop())
+            if then[:1] == ["stall"]:  # a real partition's high watermark held back
+                self._fault(Fault(0, "stall", then[1], (0, then[2], "real")))
+                then = then[3:]
             if then == ["fresh"]:
                 self._fault(Fault(0, "fresh"))
             else:

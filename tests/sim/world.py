@@ -102,8 +102,8 @@ class World:
         out: dict[int, list[Rec]] = {}
         for partition in range(self.broker.partition_count(topic) or 0):
             at = positions.get((topic, partition), 0)
-            end = (self.broker.last_stable_offset(topic, partition) if self.committed
-                   else self.broker.end_offset(topic, partition))
+            end = (self.broker.last_stable_offset(topic, partition, held=False)
+                   if self.committed else self.broker.end_offset(topic, partition))
             if end <= at:
                 continue
             stored = self._records(topic, partition)

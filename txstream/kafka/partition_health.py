@@ -17,7 +17,8 @@ from typing import Any
 from txstream.kafka.protocols import Admin
 from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "troubles_of"]
+__all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "troubles_of",
+           "unless_held"]
 
 MIN_ISR = "min.insync.replicas"
 
@@ -101,3 +102,16 @@ def troubles_of(settings: KafkaSettings, topics: Sequence[str]
     with admin_client(settings) as admin:
         limits = min_insync_replicas(admin, topics)
         return {(t.topic, t.partition): t for t in partition_troubles(admin, topics, limits)}
+
+
+def unless_held(settings: KafkaSettings, topic: str, looked_for: str) -> None:
+    """Raises :class:`txstream.errors.SendFailed` (the batch runs again) if a partition of
+    ``topic`` has no leader or too few replicas in sync: a look that did not find
+    ``looked_for`` on it proves nothing then, for what such a leader acknowledged past its
+    held high watermark is not handed out (docs/decisions/0021-bodies-read-back.md)."""
+    from txstream.errors import SendFailed
+
+    if held := troubles_of(settings, [topic]):
+        raise SendFailed(f"cannot tell whether {looked_for} on {topic}: "
+                         f"{'; '.join(map(str, held.values()))}; the batch runs again once "
+                         f"its replicas are back")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
+from txstream.kafka.partition_health import unless_held
 from txstream.kafka.read_back import READ_BACK_CHUNK, SKEW_MARGIN_MS, header_text, read_back
 from txstream.kafka.reading import Unreadable, read_range
 from txstream.wire import H
@@ -160,4 +161,6 @@ def released_by_others(settings: KafkaSettings, wanted: Mapping[str, Mapping[str
             index = _index(settings, tag, topic, partition, end)
             _extend(consumers, topic, partition, index, end, since)
             found |= index.found(set(ids) - found, ours)
+        if ends and set(ids) - found:
+            unless_held(settings, topic, f"{len(set(ids) - found)} message(s) were released")
     return found

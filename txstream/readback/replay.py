@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
+from txstream.kafka.partition_health import unless_held
 from txstream.kafka.read_back import READ_BACK_CHUNK, header_text, read_back
 from txstream.record_ids import id_tag
 from txstream.wire import H
@@ -144,4 +145,6 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: 
         for (_, partition), end in sorted(ends.items()):
             found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
                                      since_ms, header, counts, keyed)
+        if ends and ids - found:
+            unless_held(settings, topic, f"{len(ids - found)} record(s) were written")
     return found
