@@ -352,17 +352,52 @@ def test_a_send_failed_by_the_producers_sequence_goes_out_once_more(
     sequence error: that record is sent again (a duplicate at worst, which the coordinator
     drops), and a second failure is in doubt like any other."""
     from txstream.client.producer import TransactionProducer
+    from txstream.client.renewal import ProducerRenewal
     from txstream.wire import Record
 
     p = TransactionProducer("g", "127.0.0.1:1", listener=None)
     record = Record(topic="T", key=b"k", value=b"v", headers=())
-    p._producer = _StubProducer(reset, "stored")  # type: ignore[assignment]
+
+    def stub(*outcomes: object) -> _StubProducer:
+        p._producer = ProducerRenewal(lambda: _StubProducer(*outcomes),  # type: ignore
+                                      after_s=10)
+        return p._producer.producer  # type: ignore[return-value]
+
+    first = stub(reset, "stored")
     assert p._send(record, "half message", "TX3") == "stored"
-    assert p._producer.sent == 2  # type: ignore[attr-defined]
-    p._producer = _StubProducer(reset, reset)  # type: ignore[assignment]
+    assert first.sent == 2
+    stub(reset, reset)
     with pytest.raises(SendInDoubt, match="half message of TX3"):
         p._send(record, "half message", "TX3")
-    p._producer = _StubProducer(  # type: ignore[assignment]
-        kafka_errors.KafkaTimeoutError("expired"), "stored")
+    stub(kafka_errors.KafkaTimeoutError("expired"), "stored")
     with pytest.raises(SendInDoubt):  # a timeout is not sent again: the caller hears of it
         p._send(record, "half message", "TX3")
+
+
+def test_a_producer_that_acknowledges_nothing_for_a_while_is_replaced() -> None:
+    """A client wedged for good (kafka-python 3 after a failed epoch bump) times every send
+    out: once none was acknowledged for ``after_s``, the next failure makes a new one, and
+    the sends go on; one acknowledged send in between starts the count again."""
+    from txstream.client.renewal import ProducerRenewal
+
+    clock = [0.0]
+    made: list[object] = []
+
+    def make() -> object:
+        made.append(object())
+        return made[-1]
+
+    renewal = ProducerRenewal(make, after_s=10, clock=lambda: clock[0])  # type: ignore[arg-type]
+    first = renewal.producer
+    renewal.unacknowledged(first)
+    clock[0] = 6
+    renewal.acknowledged()  # one got through: the client works
+    renewal.unacknowledged(first)
+    clock[0] = 15
+    renewal.unacknowledged(first)
+    assert renewal.producer is first and renewal.renewals == 0
+    clock[0] = 16
+    renewal.unacknowledged(first)
+    assert renewal.producer is made[1] and renewal.renewals == 1
+    renewal.unacknowledged(first)  # a send of the old one, failing late: nothing more
+    assert renewal.renewals == 1 and len(made) == 2

@@ -102,3 +102,10 @@ def test_the_wait_for_a_short_partition_is_the_one_decision_0021_states() -> Non
 
     text = (REPO / "docs" / "decisions" / "0021-bodies-read-back.md").read_text()
     assert f"`SHORT_SETTLE_S` ({SHORT_SETTLE_S:.0f} s;" in text
+
+
+def test_the_producer_renewal_is_the_one_the_configuration_page_states() -> None:
+    from txstream.client.producer import RENEW_AFTER_S
+
+    text = (REPO / "docs" / "configuration.md").read_text()
+    assert f"acknowledged for {RENEW_AFTER_S:.0f} s (or three `send_timeout_s`" in text

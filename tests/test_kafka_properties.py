@@ -342,7 +342,9 @@ def test_every_client_names_its_role(kafka: KafkaSettings, unique: str) -> None:
         assert made[-1].config["client_id"] == "txstream-admin"
         producer = TransactionProducer(f"{unique}_g", kafka=kafka, listener=_Listener()).start()
         try:
-            assert producer._producer.config["client_id"] == f"txstream-producer-{unique}_g"
+            assert producer._producer is not None
+            assert producer._producer.producer.config["client_id"] == \
+                f"txstream-producer-{unique}_g"
             assert producer._checker is not None
             assert producer._checker.consumer.config["client_id"] == \
                 f"txstream-checker-{unique}_g"

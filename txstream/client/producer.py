@@ -32,10 +32,11 @@ from txstream.client.options import (
     resolve_topics,
     timeout_ms,
 )
+from txstream.client.renewal import ProducerRenewal
 from txstream.client.send_errors import not_sent, producer_state_reset, send_failure
 from txstream.client.validate import validate_message
-from txstream.errors import ClientStateError, SendFailed
-from txstream.kafka import KafkaSettings, Producer, RecordMetadata, make_producer
+from txstream.errors import ClientStateError, SendFailed, SendInDoubt
+from txstream.kafka import KafkaSettings, RecordMetadata, make_producer
 from txstream.kafka.provision import ensure_check_topic
 from txstream.message import EndEvent, Message
 from txstream.topics import Topics, validate_group
@@ -44,6 +45,10 @@ from txstream.wire import Record, encode_end, encode_half
 __all__ = ["TransactionProducer", "TransactionSendResult", "SendStatus"]
 
 log = logging.getLogger(__name__)
+
+# A producer none of whose sends was acknowledged for this long (or three send timeouts, if
+# longer) is replaced (txstream.client.renewal).
+RENEW_AFTER_S = 10.0
 
 
 class SendStatus(str, Enum):
@@ -145,7 +150,7 @@ class TransactionProducer:
         self._check_grace_ms = timeout_ms(check_grace_s, "check_grace_s")
         self._state = _State.CREATED
         self._lock = threading.Lock()
-        self._producer: Producer | None = None
+        self._producer: ProducerRenewal | None = None
         self._checker: CheckResponder | None = None
 
     # --- configuration (RocketMQ's setters) --------------------------------------------------
@@ -188,12 +193,14 @@ class TransactionProducer:
                 raise ClientStateError(f"producer {self.producer_group} is {self._state.value}")
             if self._listener is None:
                 raise ClientStateError("a transaction listener is required: set one before start()")
-            producer = make_producer(
-                self.settings,
-                role=f"producer-{self.producer_group}",
-                **producer_options(self.settings, self._send_timeout_ms, self._connect_timeout_ms),
-            )
-            self._producer = producer
+            renewal = ProducerRenewal(
+                lambda: make_producer(
+                    self.settings, role=f"producer-{self.producer_group}",
+                    **producer_options(self.settings, self._send_timeout_ms,
+                                       self._connect_timeout_ms)),
+                after_s=max(RENEW_AFTER_S, 3 * self._send_timeout_ms / 1000))
+            self._producer = renewal
+            producer = renewal.producer
             try:
                 # Before anyone subscribes; also when not answering: the coordinator writes
                 # this group's back-checks there.
@@ -233,7 +240,7 @@ class TransactionProducer:
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=True)
         if self._producer is not None:
-            self._producer.close(timeout=self._send_timeout_ms / 1000)
+            self._producer.producer.close(timeout=self._send_timeout_ms / 1000)
 
     def __enter__(self) -> TransactionProducer:
         return self.start() if self._state is _State.CREATED else self
@@ -328,20 +335,26 @@ class TransactionProducer:
         """Send ``record`` and wait for its acknowledgement: SendFailed if it was not stored,
         SendInDoubt if it may have been."""
         for attempt in (1, 2):
+            assert self._producer is not None  # running: start() made it
+            producer = self._producer.producer
             try:
-                assert self._producer is not None  # running: start() made it
-                future = self._producer.send(
+                future = producer.send(
                     record.topic, key=record.key, value=record.value, headers=list(record.headers)
                 )
             except Exception as exc:  # before it was handed to the I/O thread
                 raise not_sent(exc, what, txid) from exc
             try:
-                return future.get(timeout=self._send_timeout_ms / 1000 + 1)
+                metadata = future.get(timeout=self._send_timeout_ms / 1000 + 1)
             except Exception as exc:
                 if attempt == 1 and producer_state_reset(exc):
                     log.info("%s of %s met %s after a send in doubt: sending it again under "
                              "the producer's new epoch", what, txid, type(exc).__name__)
                     continue
-                raise send_failure(exc, what, self.settings.bootstrap_servers,
-                                   self._send_timeout_ms / 1000, txid, msg_id) from exc
+                failure = send_failure(exc, what, self.settings.bootstrap_servers,
+                                       self._send_timeout_ms / 1000, txid, msg_id)
+                if isinstance(failure, SendInDoubt):
+                    self._producer.unacknowledged(producer)
+                raise failure from exc
+            self._producer.acknowledged()
+            return metadata
         raise AssertionError("unreachable: the second attempt returns or raises")

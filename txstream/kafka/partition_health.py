@@ -10,6 +10,7 @@ lagging); ``/healthz`` names such partitions with their topics
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "tro
            "unless_held"]
 
 MIN_ISR = "min.insync.replicas"
+_ASK_AGAIN_FOR_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,23 @@ def troubles_of(settings: KafkaSettings, topics: Sequence[str]
     (topic, partition). A leader short of in-sync replicas also keeps its high watermark
     where it was (Kafka 4, KIP-966): a reader finds such a partition ending below records it
     read before, none of them lost."""
+    from txstream.errors import BrokerUnavailable
+    from txstream.kafka.errors import KafkaConnectionError
     from txstream.kafka.provision import admin_client
 
-    with admin_client(settings) as admin:
-        limits = min_insync_replicas(admin, topics)
-        return {(t.topic, t.partition): t for t in partition_troubles(admin, topics, limits)}
+    # A node of the cluster down refuses the connection: asked again, a new client goes to
+    # another (as txstream's consumers do, txstream.kafka.clients).
+    deadline = time.monotonic() + _ASK_AGAIN_FOR_S
+    while True:
+        try:
+            with admin_client(settings) as admin:
+                limits = min_insync_replicas(admin, topics)
+                return {(t.topic, t.partition): t
+                        for t in partition_troubles(admin, topics, limits)}
+        except (BrokerUnavailable, KafkaConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def unless_held(settings: KafkaSettings, topic: str, looked_for: str) -> None:
