@@ -189,7 +189,7 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
     during = _watch_health(port, 44.0, interval_s=1.0)
     paused.join()
     reasons = [r for _, status, body in during if status == 503 for r in body["reasons"]]
-    assert any(r.startswith("query failed while the broker was away") for r in reasons), during
+    assert any(r.startswith("query failed while broker ") for r in reasons), during
     run.release_more()
     wait_until(lambda: _health(port)[0] == 200, timeout_s=60)
     assert process.running, process.output()

@@ -195,3 +195,56 @@ def test_healthz_names_the_partitions_that_refuse_writes() -> None:
         "partitions refusing writes: " + "; ".join(
             f"orders{i}-{i} has 1 in-sync replica(s) of 3, below min.insync.replicas 2: writes "
             f"to it are refused" for i in range(5)) + " (and 2 more)"]
+
+
+class _Watch:
+    """A lag watch whose broker always answers and whose partitions are as the test says."""
+
+    bootstrap_servers = "127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.troubles: list[str] = []
+        self.seen_at: float | None = None
+
+    def sample_partitions(self) -> None:
+        if self.troubles:
+            self.seen_at = time.monotonic()
+
+    def unreachable(self) -> None:
+        return None
+
+    def unreachable_since(self, since: float) -> bool:
+        return False
+
+    def troubled(self) -> tuple[float, str] | None:
+        return (1.0, "; ".join(self.troubles)) if self.troubles else None
+
+    def troubled_since(self, since: float) -> bool:
+        return self.seen_at is not None and self.seen_at >= since
+
+
+@pytest.mark.fast
+def test_a_query_failed_by_a_partition_short_of_replicas_restarts_once_they_are_back() -> None:
+    """The broker answers all along: a batch that failed while a partition it needs was short
+    of in-sync replicas (a body behind a held high watermark, a refused write) is restarted
+    once the partition has them, not ended; a failure with every partition well is ended."""
+    import threading
+
+    from txstream.streaming.engine.outage import OutageRide
+
+    watch, said = _Watch(), []
+    ride = OutageRide(watch, limit_s=300, emit=said.append, poll_s=0.01)  # type: ignore[arg-type]
+    assert ride.verdict("SendFailed: a bug", threading.Event()) == "SendFailed: a bug"
+    watch.troubles = ["h-0 has 1 in-sync replica(s) of 2, below min.insync.replicas 2"]
+    stop = threading.Event()
+    threading.Timer(0.2, lambda: watch.troubles.clear()).start()
+    assert ride.verdict("SendFailed: h/0 ends short of offset 5", stop) is None
+    ride.restarted()
+    assert said == ["the partitions have their replicas: the query restarted from its "
+                    "checkpoint (restart 1; it had failed with: SendFailed: h/0 ends short of "
+                    "offset 5)"]
+    ride_past = OutageRide(watch, limit_s=0.5, poll_s=0.01)  # type: ignore[arg-type]
+    watch.troubles = ["h-0 has no leader: writes to it wait"]
+    assert ride_past.verdict("SendFailed: x", stop) == (
+        "partitions short of in-sync replicas for 1s, past --broker-outage-limit 0.5s (h-0 "
+        "has no leader: writes to it wait); the query failed with: SendFailed: x")

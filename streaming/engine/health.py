@@ -66,6 +66,10 @@ class LagWatch:
         self._admin: Admin | None = None
         self._min_isr: dict[str, int] = {}
         self._troubles: list[PartitionTrouble] = []
+        # Since when (monotonic) some watched partition has been in trouble; when last seen.
+        self._troubled_since: float | None = None
+        self._last_troubled_at: float | None = None
+        self._admin_lock = threading.Lock()  # the sampling thread's admin client, shared
         self._interval_s, self._window_s = interval_s, window_s
         self._lock = threading.Lock()
         self._lag: dict[Position, int] | None = None
@@ -154,12 +158,45 @@ class LagWatch:
             while len(self._samples) > 1 and self._samples[1][0] <= now - self._window_s:
                 self._samples.popleft()
 
+    def troubled(self) -> tuple[float, str] | None:
+        """(seconds, why) some watched partition has had no leader or too few replicas in
+        sync for; None when none has at the last sample."""
+        with self._lock:
+            if self._troubled_since is None or not self._troubles:
+                return None
+            why = "; ".join(map(str, self._troubles))
+            return time.monotonic() - self._troubled_since, why
+
+    def troubled_since(self, since: float) -> bool:
+        """Whether a watched partition was found in trouble at or after ``since``."""
+        with self._lock:
+            return self._last_troubled_at is not None and self._last_troubled_at >= since
+
+    def sample_partitions(self) -> None:
+        """Ask the metadata about the watched partitions now (after a failed batch: the next
+        sample may come too late to tell what failed it)."""
+        self._sample_partitions()
+
     def _sample_partitions(self) -> None:
         """The watched partitions that refuse writes; unchanged when the metadata is not had
         (the broker's reachability is the ends' business)."""
         topics = sorted(set(self._writes_to())) if self._writes_to is not None else []
         if not topics:
             return
+        with self._admin_lock:
+            troubles = self._described(topics)
+        if troubles is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._troubles = troubles
+            if troubles:
+                self._troubled_since = self._troubled_since or now
+                self._last_troubled_at = now
+            else:
+                self._troubled_since = None
+
+    def _described(self, topics: list[str]) -> list[PartitionTrouble] | None:
         try:
             if self._admin is None:
                 wait_ms = int(PROBE_TIMEOUT_S * 1000)
@@ -168,13 +205,11 @@ class LagWatch:
             if unknown:
                 told = min_insync_replicas(self._admin, unknown)
                 self._min_isr.update({t: told.get(t, 1) for t in unknown})
-            troubles = partition_troubles(self._admin, topics, self._min_isr)
+            return partition_troubles(self._admin, topics, self._min_isr)
         except Exception as exc:  # metadata not had: said again at the next sample
             log.debug("partitions not described: %s", exc)
             self._drop_admin()
-            return
-        with self._lock:
-            self._troubles = troubles
+            return None
 
     def _drop_admin(self) -> None:
         admin, self._admin = self._admin, None

@@ -250,7 +250,8 @@ def watch_lag(coordinator: Any, thresholds: HealthThresholds | None = None) -> L
     window_s = (thresholds or HealthThresholds()).lag_growing_s
     board = coordinator.listener.board
     topics = config.topics
-    own = [topics.history, topics.discard, topics.dead_letter]
+    # The half topic too: a partition of it short of replicas holds bodies back (0021).
+    own = [topics.half, topics.history, topics.discard, topics.dead_letter]
 
     def writes_to() -> list[str]:
         # The real topics it released to (the commits counter's labels), and its own.

@@ -38,36 +38,53 @@ class OutageRide:
         self._poll_s = poll_s
         self.started_at = time.monotonic()  # the query's last (re)start
         self.restarts = 0
+        self._was = "broker"  # what the last failure was ridden out for
         self.waiting: str | None = None  # what /healthz says while the query waits
         self._failure: str | None = None  # the failure the query restarts after
 
     def past_limit(self, failure: str | None = None) -> str | None:
         """The coordinator's end, in one line, once the broker has been away longer than the
-        limit (the query waiting or failed); None until then."""
-        away = self._watch.unreachable()
+        limit (the query waiting or failed), or, the query failed, a partition it needs has
+        had too few replicas in sync that long; None until then."""
+        away = self._away(failure is not None)
         if away is None or away[0] <= self._limit_s:
             return None
         failed = f"; the query failed with: {failure}" if failure else ""
-        return (f"broker {self._watch.bootstrap_servers} unreachable for {away[0]:.0f}s, past "
-                f"--broker-outage-limit {self._limit_s:g}s ({away[1]}){failed}")
+        return (f"{away[2]} for {away[0]:.0f}s, past --broker-outage-limit {self._limit_s:g}s "
+                f"({away[1]}){failed}")
+
+    def _away(self, failed: bool) -> tuple[float, str, str] | None:
+        """(seconds, why, what) of the broker's absence, else (once the query failed) of a
+        partition's trouble: a batch that needs one short of replicas fails until they are
+        back (docs/decisions/0021-bodies-read-back.md)."""
+        if (away := self._watch.unreachable()) is not None:
+            return (*away, f"broker {self._watch.bootstrap_servers} unreachable")
+        if failed and (trouble := self._watch.troubled()) is not None:
+            return (*trouble, "partitions short of in-sync replicas")
+        return None
 
     def verdict(self, failure: str, stop: threading.Event) -> str | None:
-        """After the query failed with ``failure``: None once the broker answers again within
-        the limit (restart the query), else the failure to end with."""
-        if not self._watch.unreachable_since(self.started_at):
+        """After the query failed with ``failure``: None once the broker answers again, and
+        the partitions it needs have their replicas, within the limit (restart the query),
+        else the failure to end with."""
+        self._watch.sample_partitions()
+        if not (self._watch.unreachable_since(self.started_at)
+                or self._watch.troubled_since(self.started_at)):
             return failure
         self._failure = failure
         while not stop.is_set():
-            away = self._watch.unreachable()
+            away = self._away(True)
+            if away is not None:
+                self._was = away[2]
             if away is None:
                 self.waiting = None
                 return None
             if (final := self.past_limit(failure)) is not None:
                 self.waiting = None
                 return final
-            self.waiting = (f"query failed while the broker was away ({failure}); restarting "
-                            f"it once the broker answers ({away[0]:.0f}s of "
-                            f"--broker-outage-limit {self._limit_s:g}s)")
+            self.waiting = (f"query failed while {away[2]} ({failure}); restarting it once "
+                            f"that is over ({away[0]:.0f}s of --broker-outage-limit "
+                            f"{self._limit_s:g}s)")
             stop.wait(self._poll_s)
         return None
 
@@ -75,9 +92,10 @@ class OutageRide:
         self.restarts += 1
         self.started_at = time.monotonic()
         if self._emit:
-            self._emit(f"broker {self._watch.bootstrap_servers} answers again: the query "
-                       f"restarted from its checkpoint (restart {self.restarts}; it had "
-                       f"failed with: {self._failure})")
+            over = (f"broker {self._watch.bootstrap_servers} answers again"
+                    if self._was.startswith("broker") else "the partitions have their replicas")
+            self._emit(f"{over}: the query restarted from its checkpoint (restart "
+                       f"{self.restarts}; it had failed with: {self._failure})")
 
 
 def ride_out(coordinator: Any, ride: OutageRide, stop: threading.Event) -> str | None:
