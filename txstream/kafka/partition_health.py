@@ -112,8 +112,11 @@ def troubles_of(settings: KafkaSettings, topics: Sequence[str]
                 limits = min_insync_replicas(admin, topics)
                 return {(t.topic, t.partition): t
                         for t in partition_troubles(admin, topics, limits)}
-        except (BrokerUnavailable, KafkaConnectionError):
-            if time.monotonic() > deadline:
+        except (BrokerUnavailable, KafkaConnectionError) as exc:
+            # Only a refused connection: a broker that does not answer at all is told now.
+            refused = (isinstance(exc, KafkaConnectionError)
+                       or KafkaConnectionError.__name__ in str(exc))
+            if not refused or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
