@@ -133,11 +133,11 @@ def _expiry_on_producer_clock(mp: pytest.MonkeyPatch) -> None:
 
 def _partitions_assumed(mp: pytest.MonkeyPatch) -> None:
     """9: end offsets and bodies asked of partitions a re-created half topic no longer has:
-    a read waits for a leader that never comes (1 s here, not 30), then fails the batch."""
+    a read waits for a leader that never comes (0.1 s here, not 30), then fails the batch."""
     mp.setattr(reading, "_existing", lambda consumer, tps: list(tps))
     mp.setattr(reading, "_listed", lambda consumer, topic, partition: True)
     mp.setattr(bodies.BodySource, "_partitions", lambda self: set(range(1 << 16)))
-    mp.setattr(bodies, "_READ_TIMEOUT_S", 1.0)
+    mp.setattr(bodies, "_READ_TIMEOUT_S", 0.1)
 
 
 def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
