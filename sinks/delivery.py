@@ -52,10 +52,16 @@ from txstream.schema import Kind, OutputRow
 from txstream.topics import Topics
 from txstream.wire import H, Record, pack_headers
 
-__all__ = ["Delivery", "RefusedRelease", "MissingTopic", "make_sink_producer", "missing_topic",
-           "wait_ms", "refused_by_broker", "unacknowledged", "restated_note", "Prepared"]
+__all__ = ["Delivery", "RefusedRelease", "MissingTopic", "Stalled", "make_sink_producer",
+           "missing_topic", "wait_ms", "refused_by_broker", "unacknowledged", "restated_note",
+           "flush_watching", "Prepared", "STALL_S"]
 
 _MAX_ERRORS_SHOWN = 3
+# A producer that completes none of its sends for this long is taken for wedged (kafka-python
+# 3 can stop sending for good after a leader's node dies: txstream.client.renewal). Longer
+# than a request's timeout (30 s): an acks=all write may wait that long for a slow follower.
+STALL_S = 35.0
+_FLUSH_SLICE_S = 1.0
 # A prepared row: the output row with its headers unpacked for the producer.
 Prepared = tuple[OutputRow, list[tuple[str, bytes]]]
 
@@ -137,6 +143,40 @@ def wait_ms(not_before_ms: int, batch_ms: int | None) -> float:
     if batch_ms is not None:
         wait = min(wait, not_before_ms - batch_ms)
     return wait
+
+
+class Stalled(SendFailed):
+    """No send of the producer completed for :data:`STALL_S` while some waited."""
+
+
+def flush_watching(producer: Producer, futures: Iterable[SendFuture], timeout_s: float,
+                   stall_s: float | None = None) -> None:
+    """``producer.flush()``, watched: raises KafkaTimeoutError after ``timeout_s``, and
+    :class:`Stalled` once none of ``futures`` completed for ``stall_s`` (a wedged client
+    would otherwise hold the task for the whole timeout, 120 s by default)."""
+    from txstream.kafka.errors import KafkaTimeoutError
+
+    if not getattr(producer, "flushes_in_background", True):
+        producer.flush(timeout=timeout_s)  # the in-memory broker's: answered at once
+        return
+    stall_s = STALL_S if stall_s is None else stall_s
+    waiting = list(futures)
+    start = progress_at = time.monotonic()
+    done = sum(f.is_done for f in waiting)
+    while True:
+        now = time.monotonic()
+        try:
+            producer.flush(timeout=max(0.001, min(_FLUSH_SLICE_S, start + timeout_s - now)))
+            return
+        except KafkaTimeoutError:
+            now = time.monotonic()
+            if now - start >= timeout_s:
+                raise
+        if (completed := sum(f.is_done for f in waiting)) > done:
+            done, progress_at = completed, now
+        elif now - progress_at >= stall_s:
+            raise Stalled(f"no record of {len(waiting)} acknowledged or refused for "
+                          f"{now - progress_at:.0f} s: the producer is taken for wedged")
 
 
 class RefusedRelease(NamedTuple):
@@ -230,7 +270,7 @@ class Delivery:
 
     def _flush(self) -> None:
         try:
-            self._producer().flush(timeout=self.flush_timeout_s)
+            flush_watching(self._producer(), (f for _, f in self.futures), self.flush_timeout_s)
         except Exception as exc:
             self._drop_producer()
             raise SendFailed(f"flushing {len(self.futures)} records failed: "

@@ -15,18 +15,21 @@ older one, and ``init_transactions`` aborts what a killed one left open.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
 
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, Producer, cached_client, drop_cached_client
-from txstream.kafka.transactions import fenced, make_transactional_producer
+from txstream.kafka.transactions import commit_within, fenced, make_transactional_producer
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import Kind
 from txstream.sinks.delivery import (
     Delivery,
     Prepared,
+    Stalled,
+    flush_watching,
     restated_note,
     unacknowledged,
     wait_ms,
@@ -36,6 +39,10 @@ from txstream.topics import Topics
 __all__ = ["TransactionalDelivery", "Fenced", "task_transactional_id"]
 
 _MAX_ERRORS_SHOWN = 3
+# New producers a task's transaction is sent with after one stalled (sinks.delivery.Stalled).
+_STALL_RENEWALS = 2
+
+log = logging.getLogger(__name__)
 
 
 class Fenced(SendFailed):
@@ -98,11 +105,27 @@ class TransactionalDelivery(Delivery):
         Raises SendFailed (Fenced) unless the transaction committed."""
         records, notes = self.records, self.notes
         for _ in range(len(records) + len(notes) + 1):  # each round replaces a record
-            refused = self._attempt(records, notes)
+            refused = self._attempt_renewing(records, notes)
             if not refused:
                 return +self.counts
             records, notes = self._replaced(records, notes, refused)
         raise SendFailed("the broker refused the dead letters of refused records too")
+
+    def _attempt_renewing(self, records: list[Prepared], notes: list[Prepared]
+                          ) -> list[tuple[Prepared, BaseException]]:
+        """:meth:`_attempt`, sent again with a new producer when the last one stalled: the
+        new one's ``init_transactions`` fences the wedged one and aborts its transaction, so
+        nothing of it is ever read_committed (a commit in doubt is never sent again)."""
+        for renewals in range(_STALL_RENEWALS + 1):
+            try:
+                return self._attempt(records, notes)
+            except Stalled as exc:
+                if renewals == _STALL_RENEWALS:
+                    raise
+                log.warning("transaction %s: %s; sent again with a new producer",
+                            self.transactional_id, exc)
+                self.renew()
+        raise AssertionError("unreachable: the last round returns or raises")
 
     def _attempt(self, records: list[Prepared], notes: list[Prepared]
                  ) -> list[tuple[Prepared, BaseException]]:
@@ -119,7 +142,7 @@ class TransactionalDelivery(Delivery):
                    if self.restated else notes)
         if refused := self._acknowledged_or_refused():
             return self._aborted(producer, refused)
-        self._call("commit", lambda p: p.commit_transaction())
+        self._call("commit", lambda p: commit_within(p, self.flush_timeout_s))
         return []
 
     def _send(self, records: list[Prepared]) -> None:
@@ -156,8 +179,11 @@ class TransactionalDelivery(Delivery):
         """Flush. kafka-python's flush raises once a transaction has an error (a record
         refused); each record's outcome is then in its future, waited for here."""
         try:
-            self._producer().flush(timeout=self.flush_timeout_s)
+            flush_watching(self._producer(), (f for _, f in self.futures), self.flush_timeout_s)
             return
+        except Stalled:
+            self._drop_producer()
+            raise
         except Exception as exc:
             error = exc
         deadline = time.monotonic() + self.flush_timeout_s

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,22 @@ def _consume_once(kafka: KafkaSettings, topic: str, expect: int) -> tuple[Counte
         consumer.shutdown()
 
 
+def _awaited(left: Callable[[], set[str]], quiet_s: float, limit_s: float) -> set[str]:
+    """``left()`` until it is empty, it stopped shrinking for ``quiet_s``, or ``limit_s``
+    passed: what is left then."""
+    start = time.monotonic()
+    remaining = left()
+    shrunk_at = start
+    while remaining and time.monotonic() - shrunk_at < quiet_s and (
+            time.monotonic() - start < limit_s):
+        time.sleep(2)
+        now = left()
+        if len(now) < len(remaining):
+            shrunk_at = time.monotonic()
+        remaining = now
+    return remaining
+
+
 @pytest.mark.timeout(1500)  # four coordinator starts under traffic, minutes each under load
 def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
     kafka: KafkaSettings, checkpoint_dir: Path, tmp_path: Path, unique: str
@@ -246,7 +263,12 @@ def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
         assert not load.errors, load.errors[:5]
         commits = {t for t, (_, final) in load.sent.items() if final is COMMIT}
         rollbacks = set(load.sent) - commits
-        wait_until(lambda: commits <= set(_visible(kafka, real)), timeout_s=240, interval_s=2)
+        # The last run catches up with everything sent across the kills: minutes on a loaded
+        # CI machine. Waited for while it makes progress; what never shows is named.
+        missing = _awaited(lambda: commits - set(_visible(kafka, real)), quiet_s=120,
+                           limit_s=600)
+        assert not missing, (f"{len(missing)} of {len(commits)} commits never released: "
+                             f"{sorted(missing)[:10]}\n{coord.output()[-3000:]}")
         wait_until(lambda: set(load.sent) <= _resolved(kafka, topics), timeout_s=120,
                    interval_s=2)
         time.sleep(3)  # a late duplicate from the last run would be written by now

@@ -109,3 +109,12 @@ def test_the_producer_renewal_is_the_one_the_configuration_page_states() -> None
 
     text = (REPO / "docs" / "configuration.md").read_text()
     assert f"acknowledged for {RENEW_AFTER_S:.0f} s (or three `send_timeout_s`" in text
+
+
+def test_the_sinks_stall_is_the_one_decision_0032_states() -> None:
+    from txstream.sinks.delivery import STALL_S
+    from txstream.sinks.kafka_sink import SinkOptions
+
+    text = " ".join((REPO / "docs" / "decisions" / "0032-transactions.md").read_text().split())
+    assert f"`STALL_S` ({STALL_S:.0f} s," in text
+    assert f"the flush timeout ({SinkOptions.flush_timeout_s:.0f} s)" in text

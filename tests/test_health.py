@@ -248,3 +248,82 @@ def test_a_query_failed_by_a_partition_short_of_replicas_restarts_once_they_are_
     assert ride_past.verdict("SendFailed: x", stop) == (
         "partitions short of in-sync replicas for 1s, past --broker-outage-limit 0.5s (h-0 "
         "has no leader: writes to it wait); the query failed with: SendFailed: x")
+
+
+@pytest.mark.fast
+def test_a_metadata_request_left_unanswered_shows_the_broker_unreachable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ends answered, then the broker stopped answering: the partitions' metadata request
+    waits out its client's timeout. /healthz says 503 from PROBE_TIMEOUT_S on, as for the
+    ends, not 200 for the whole wait; a request refused at once is no absence."""
+    import threading
+
+    from txstream.streaming.engine import health
+
+    monkeypatch.setattr(health, "PROBE_TIMEOUT_S", 0.2)
+    board = MetricsBoard()
+    board.seed(0, (), {})
+    watch = LagWatch(KafkaSettings(bootstrap_servers="127.0.0.1:1"), ["half"], board,
+                     writes_to=lambda: ["half"])
+    answer = threading.Event()
+    seen: list[tuple[float, str] | None] = []
+
+    def hung(topics: list[str]) -> Exception:
+        seen.append(watch.unreachable())  # asked at once: the broker answers so far
+        answer.wait(5.0)
+        return TimeoutError("Request timed out after 8000 ms")
+
+    monkeypatch.setattr(watch, "_ends", lambda starts: {})
+    monkeypatch.setattr(watch, "_described", hung)
+    sampling = threading.Thread(target=watch.sample)
+    sampling.start()
+    wait_until(lambda: watch.unreachable() is not None, timeout_s=5.0, interval_s=0.05)
+    answer.set()
+    sampling.join()
+    away = watch.unreachable()
+    assert seen == [None] and away is not None and "timed out" in away[1], away
+    assert watch.unreachable_since(0.0)
+
+    fresh = LagWatch(KafkaSettings(bootstrap_servers="127.0.0.1:1"), ["half"], board,
+                     writes_to=lambda: ["half"])
+    monkeypatch.setattr(fresh, "_ends", lambda starts: {})
+    monkeypatch.setattr(fresh, "_described", lambda topics: PermissionError("ACL"))
+    fresh.sample()
+    assert fresh.unreachable() is None and not fresh.unreachable_since(0.0)
+
+
+@pytest.mark.fast
+def test_partition_health_asks_again_only_when_a_node_refused_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node of the cluster down refuses the connection: a new client goes to another. A
+    broker that does not answer is told at once, not waited for again."""
+    import contextlib
+
+    from txstream.kafka import partition_health, provision
+
+    errors: list[Exception] = []
+    calls: list[int] = []
+
+    @contextlib.contextmanager
+    def admin_client(settings: KafkaSettings) -> Any:
+        calls.append(1)
+        if errors:
+            raise errors.pop(0)
+        yield object()
+
+    monkeypatch.setattr(provision, "admin_client", admin_client)
+    monkeypatch.setattr(partition_health, "min_insync_replicas", lambda admin, topics: {"t": 2})
+    trouble = PartitionTrouble("t", 0, 1, 2, 2, True)
+    monkeypatch.setattr(partition_health, "partition_troubles",
+                        lambda admin, topics, limits: [trouble])
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1")
+    refused = "Kafka broker at 127.0.0.1:1 unreachable: KafkaConnectionError: 111 ECONNREFUSED"
+    errors[:] = [BrokerUnavailable(refused), BrokerUnavailable(refused)]
+    assert partition_health.troubles_of(settings, ["t"]) == {("t", 0): trouble}
+    assert len(calls) == 3
+    calls.clear()
+    errors[:] = [BrokerUnavailable("Kafka broker at 127.0.0.1:1 unreachable after 8 s: "
+                                   "KafkaTimeoutError")]
+    with pytest.raises(BrokerUnavailable):
+        partition_health.troubles_of(settings, ["t"])
+    assert len(calls) == 1

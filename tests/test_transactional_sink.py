@@ -238,3 +238,43 @@ def test_the_coordinator_on_apache_kafka_releases_in_transactions(
         assert partition_ends(settings, real)[visible.partition] > visible.offset + 1
     finally:
         query.stop()
+
+
+def test_a_producer_that_stops_sending_is_replaced_and_the_task_commits_once(
+        apache_kafka_settings: KafkaSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """kafka-python 3's producer can stop sending for good after a leader's node dies (the
+    three-node soak: the task waited out its 120-s flush). Its I/O thread stalled here: once
+    nothing is acknowledged for STALL_S the transaction goes again with a new producer,
+    which fences the stalled one; each record is committed once."""
+    import dataclasses
+    import threading
+
+    from txstream.kafka import transactions
+    from txstream.sinks import delivery
+
+    settings = apache_kafka_settings
+    topics, real, options = _first_run_of_a_task(settings, unique, monkeypatch)
+    options = dataclasses.replace(options, flush_timeout_s=20.0)
+    monkeypatch.setattr(delivery, "STALL_S", 2.0)
+    made: list[Any] = []
+    wedged = threading.Event()
+    real_make = transactions.make_transactional_producer
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        producer = real_make(*args, **kwargs)
+        if not made:  # the soak's wedge: waiting for ever for a new epoch, sending nothing
+            producer._transaction_manager.is_bumping_epoch = lambda: not wedged.is_set()
+        made.append(producer)
+        return producer
+
+    monkeypatch.setattr("txstream.sinks.transactional.make_transactional_producer", make)
+    rows = release_rows(real, topics, n=2)
+    try:
+        commit = send_rows(options, rows)
+    finally:
+        wedged.set()
+    assert len(made) == 2, "the stalled producer was replaced once"
+    assert commit.counts == {Kind.VISIBLE: 2, Kind.HISTORY: 2}
+    assert [r.value for r in read_committed(settings, real)] == [b"body 0", b"body 1"]
+    assert _notes(settings, topics) == ["tx-0:released", "tx-1:released"]

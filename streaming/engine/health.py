@@ -144,9 +144,11 @@ class LagWatch:
         except Exception as exc:
             self._lost(exc)
             raise
+        # Still sampling: a metadata request left unanswered is the broker's absence too.
+        if not self._sample_partitions():
+            return
         with self._lock:
             self._unreachable = self._sampling_since = None
-        self._sample_partitions()
         if consumed is None:
             return  # what was read is not known yet (the state could not be read)
         lag = {pos: max(0, end - consumed.get(pos, 0)) for pos, end in ends.items()}
@@ -174,19 +176,32 @@ class LagWatch:
 
     def sample_partitions(self) -> None:
         """Ask the metadata about the watched partitions now (after a failed batch: the next
-        sample may come too late to tell what failed it)."""
-        self._sample_partitions()
+        sample may come too late to tell what failed it). A sample already asking is waited
+        for instead: its answer is as fresh."""
+        if self._admin_lock.acquire(blocking=False):
+            self._admin_lock.release()
+            self._sample_partitions()
+        else:
+            with self._admin_lock:
+                pass
 
-    def _sample_partitions(self) -> None:
-        """The watched partitions that refuse writes; unchanged when the metadata is not had
-        (the broker's reachability is the ends' business)."""
+    def _sample_partitions(self) -> bool:
+        """The watched partitions that refuse writes; unchanged when the metadata is not had.
+        False when the broker left the request unanswered (then marked unreachable): a
+        client waits out its request timeout, and /healthz must not say 200 meanwhile."""
         topics = sorted(set(self._writes_to())) if self._writes_to is not None else []
         if not topics:
-            return
+            return True
         with self._admin_lock:
+            asked = time.monotonic()
             troubles = self._described(topics)
-        if troubles is None:
-            return
+        if isinstance(troubles, Exception):
+            if time.monotonic() - asked < PROBE_TIMEOUT_S:
+                return True  # refused at once (an ACL, an old broker): not an absence
+            with self._lock:
+                self._sampling_since = self._sampling_since or asked
+            self._lost(troubles)
+            return False
         now = time.monotonic()
         with self._lock:
             self._troubles = troubles
@@ -195,8 +210,9 @@ class LagWatch:
                 self._last_troubled_at = now
             else:
                 self._troubled_since = None
+        return True
 
-    def _described(self, topics: list[str]) -> list[PartitionTrouble] | None:
+    def _described(self, topics: list[str]) -> list[PartitionTrouble] | Exception:
         try:
             if self._admin is None:
                 wait_ms = int(PROBE_TIMEOUT_S * 1000)
@@ -209,7 +225,7 @@ class LagWatch:
         except Exception as exc:  # metadata not had: said again at the next sample
             log.debug("partitions not described: %s", exc)
             self._drop_admin()
-            return None
+            return exc
 
     def _drop_admin(self) -> None:
         admin, self._admin = self._admin, None

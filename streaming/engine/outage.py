@@ -67,9 +67,7 @@ class OutageRide:
         """After the query failed with ``failure``: None once the broker answers again, and
         the partitions it needs have their replicas, within the limit (restart the query),
         else the failure to end with."""
-        self._watch.sample_partitions()
-        if not (self._watch.unreachable_since(self.started_at)
-                or self._watch.troubled_since(self.started_at)):
+        if not self._cluster_caused():
             return failure
         self._failure = failure
         while not stop.is_set():
@@ -87,6 +85,16 @@ class OutageRide:
                             f"{self._limit_s:g}s)")
             stop.wait(self._poll_s)
         return None
+
+    def _cluster_caused(self) -> bool:
+        """Whether the broker was away, or a partition short of replicas, since the query
+        last started. The metadata is asked only when the broker answered: asked of a broker
+        away it waits out a request timeout while /healthz could say why the query failed."""
+        watch = self._watch
+        if watch.unreachable_since(self.started_at):
+            return True
+        watch.sample_partitions()
+        return watch.unreachable_since(self.started_at) or watch.troubled_since(self.started_at)
 
     def restarted(self) -> None:
         self.restarts += 1

@@ -31,7 +31,7 @@ from txstream.kafka.settings import KafkaSettings
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
            "TopicTrackingProducer", "CommittedEndConsumer", "cached_client",
            "drop_cached_client", "clear_cached_clients",
-           "close_quietly", "ClientSlot",
+           "close_quietly", "ClientSlot", "ask_while_refused",
            "PATIENT_AFTER_S", "PATIENT_FETCH_WAIT_MS"]
 
 C = TypeVar("C", bound=KafkaClient)
@@ -113,16 +113,27 @@ class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python
 
 
 def _asking_live_nodes(ask: Callable[[], Any], timeout_ms: int) -> Any:
-    """``ask()``, again while the node it went to refuses connections, for up to
-    ``timeout_ms`` or _METADATA_RETRY_FOR_S (a broker wholly down is told soon)."""
+    return ask_while_refused(ask, min(timeout_ms / 1000, _METADATA_RETRY_FOR_S))
+
+
+def ask_while_refused(ask: Callable[[], Any], for_s: float = _METADATA_RETRY_FOR_S,
+                      refused: Callable[[BaseException], bool] | None = None) -> Any:
+    """``ask()``, again while the node it went to refuses connections (a node of the cluster
+    down; asked again, the client goes to another), for up to ``for_s``. Any other error,
+    a broker that does not answer at all included, is raised at once. ``refused``: whether
+    an error is a refused connection (default: kafka-python's KafkaConnectionError)."""
     from kafka.errors import KafkaConnectionError
 
-    deadline = time.monotonic() + min(timeout_ms / 1000, _METADATA_RETRY_FOR_S)
+    def connection_refused(exc: BaseException) -> bool:
+        return isinstance(exc, KafkaConnectionError)
+
+    is_refused = refused or connection_refused
+    deadline = time.monotonic() + for_s
     while True:
         try:
             return ask()
-        except KafkaConnectionError:
-            if time.monotonic() > deadline:
+        except Exception as exc:
+            if not is_refused(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(_METADATA_RETRY_S)
 

@@ -145,6 +145,10 @@ class MemoryProducer:
     """An idempotent, acks=all ``KafkaProducer`` of a :class:`MemoryBroker`. ``clock``: its
     timestamps' clock (``broker.client_clocks[client_id]``, else the broker's)."""
 
+    # It appends on the caller's thread: a flush knows its outcome at once and never stalls,
+    # so watching one in wall-clock slices (txstream.sinks.delivery) would only wait for real.
+    flushes_in_background = False
+
     def __init__(self, broker: MemoryBroker, **configs: Any) -> None:
         from kafka import KafkaProducer
 

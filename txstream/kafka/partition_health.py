@@ -10,10 +10,9 @@ lagging); ``/healthz`` names such partitions with their topics
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from txstream.kafka.protocols import Admin
 from txstream.kafka.settings import KafkaSettings
@@ -99,26 +98,29 @@ def troubles_of(settings: KafkaSettings, topics: Sequence[str]
     (topic, partition). A leader short of in-sync replicas also keeps its high watermark
     where it was (Kafka 4, KIP-966): a reader finds such a partition ending below records it
     read before, none of them lost."""
-    from txstream.errors import BrokerUnavailable
-    from txstream.kafka.errors import KafkaConnectionError
+    from txstream.kafka.clients import ask_while_refused
     from txstream.kafka.provision import admin_client
 
+    def ask() -> dict[tuple[str, int], PartitionTrouble]:
+        with admin_client(settings) as admin:
+            limits = min_insync_replicas(admin, topics)
+            return {(t.topic, t.partition): t
+                    for t in partition_troubles(admin, topics, limits)}
+
     # A node of the cluster down refuses the connection: asked again, a new client goes to
-    # another (as txstream's consumers do, txstream.kafka.clients).
-    deadline = time.monotonic() + _ASK_AGAIN_FOR_S
-    while True:
-        try:
-            with admin_client(settings) as admin:
-                limits = min_insync_replicas(admin, topics)
-                return {(t.topic, t.partition): t
-                        for t in partition_troubles(admin, topics, limits)}
-        except (BrokerUnavailable, KafkaConnectionError) as exc:
-            # Only a refused connection: a broker that does not answer at all is told now.
-            refused = (isinstance(exc, KafkaConnectionError)
-                       or KafkaConnectionError.__name__ in str(exc))
-            if not refused or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    # another (as txstream's consumers do). A broker that does not answer is told at once.
+    return cast(dict[tuple[str, int], PartitionTrouble],
+                ask_while_refused(ask, _ASK_AGAIN_FOR_S, refused=_refused))
+
+
+def _refused(exc: BaseException) -> bool:
+    """A refused connection, also as provision's admin_client words it (BrokerUnavailable
+    naming kafka-python's KafkaConnectionError)."""
+    from txstream.errors import BrokerUnavailable
+    from txstream.kafka.errors import KafkaConnectionError
+
+    return isinstance(exc, KafkaConnectionError) or (
+        isinstance(exc, BrokerUnavailable) and KafkaConnectionError.__name__ in str(exc))
 
 
 def unless_held(settings: KafkaSettings, topic: str, looked_for: str) -> None:

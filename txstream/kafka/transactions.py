@@ -25,7 +25,7 @@ from txstream.kafka.protocols import Producer, TopicPartition
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["Isolation", "probe_transactions", "make_transactional_producer", "fenced",
-           "PROBE_TIMEOUT_S"]
+           "commit_within", "PROBE_TIMEOUT_S"]
 
 PROBE_TIMEOUT_S = 30.0
 _PROBE_RETENTION_MS = 3_600_000  # the probe's records are of no use after it
@@ -68,6 +68,24 @@ def make_transactional_producer(settings: KafkaSettings, transactional_id: str, 
         close_quietly(producer)
         raise
     return producer
+
+
+def commit_within(producer: Producer, timeout_s: float) -> None:
+    """``producer.commit_transaction()``, waited for ``timeout_s`` at most (kafka-python's
+    waits for ever: a coordinator that never answers would hold the task). Raises
+    KafkaTimeoutError then: the commit is in doubt, the caller must not send it again."""
+    from txstream.kafka.errors import KafkaTimeoutError
+
+    manager = getattr(producer, "_transaction_manager", None)
+    sender = getattr(producer, "_sender", None)
+    if manager is None or sender is None:  # not kafka-python's (the in-memory broker's)
+        producer.commit_transaction()
+        return
+    result = manager.begin_commit()
+    sender.wakeup()
+    if not result.wait(timeout_ms=timeout_s * 1000):
+        raise KafkaTimeoutError(f"the transaction's commit was not answered within "
+                                f"{timeout_s:g} s: it is in doubt")
 
 
 def probe_transactions(settings: KafkaSettings, topic: str,
