@@ -81,7 +81,7 @@ def make_sink_producer(settings: KafkaSettings,
 
 
 def _producer_key(settings: KafkaSettings, limit: int) -> tuple[str, str, int]:
-    return ("sink", repr(sorted(settings.as_dict().items())), limit)
+    return ("sink", settings.key, limit)
 
 
 class MissingTopic(Exception):

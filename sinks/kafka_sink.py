@@ -29,7 +29,6 @@ commit folds them into the timer schedule named by option ``timer_file``
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -98,7 +97,7 @@ class SinkOptions:
 
     @property
     def client_key(self) -> str:
-        return json.dumps(self.kafka.as_dict(), sort_keys=True, default=str)
+        return self.kafka.key
 
 
 @dataclass

@@ -72,7 +72,7 @@ class TransactionalDelivery(Delivery):
         self.replacements: set[int] = set()  # ids of the dead letters of refused records
 
     def _key(self) -> tuple[str, str, str, int]:
-        return ("sink-tx", self.transactional_id, repr(sorted(self.settings.as_dict().items())),
+        return ("sink-tx", self.transactional_id, self.settings.key,
                 self.limit)
 
     def _producer(self) -> Producer:

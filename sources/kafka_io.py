@@ -9,7 +9,6 @@ records).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -110,7 +109,7 @@ class SourceOptions:
 
     @property
     def client_key(self) -> str:
-        return json.dumps(self.kafka.as_dict(), sort_keys=True, default=str)
+        return self.kafka.key
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("6-valid-answer", _latest_made_not_due, 14, "was not counted"),
     ("7-age-discard-forgotten", _outcome_until_born_plus_reserved, 962, "ended twice"),
     ("8-producer-clock", _expiry_on_producer_clock, 6, "was not answered"),
-    ("9-fewer-partitions", _partitions_assumed, 12, "failed 3 times in a row"),
+    ("9-fewer-partitions", _partitions_assumed, 18, "failed 3 times in a row"),
     ("10-in-doubt-by-key", _answer_by_business_key, 3, "released twice"),
     ("11-recreated-topic", _topic_ids_unread, 264, "never ended"),
     ("12-replay-body-gone", _replay_trusts_the_body_read, 153, "the metrics count"),

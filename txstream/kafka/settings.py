@@ -12,6 +12,7 @@ Settings are built from layers of Kafka client properties (Kafka's names, see
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -207,6 +208,12 @@ class KafkaSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The settings as one string, made once: what kept clients are found by (a batch
+        asks for its clients thousands of times; asdict copies every field each time)."""
+        return json.dumps(self.as_dict(), sort_keys=True, default=str)
 
 
 def _env_layer() -> dict[str, str]:

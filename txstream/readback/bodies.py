@@ -121,7 +121,7 @@ class BodySource:
         self.settings = settings
         self.topic = half_topic
         self._kept = PatientConsumer(
-            settings, kept_as=("bodies", repr(sorted(settings.as_dict().items()))),
+            settings, kept_as=("bodies", settings.key),
             **_OPTIONS)
         self._absent: set[int] = set()  # partitions the last read found do not exist
         self._bounds: dict[int, Bounds] = {}  # of the partitions the last read missed in

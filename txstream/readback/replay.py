@@ -134,7 +134,7 @@ def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: 
     each topic read back to ``since_ms``."""
     # The process's clients, kept for the next task's check: making them costs a round trip
     # or three (~150 ms on Apache Kafka), more than most checks' reading.
-    key = repr(sorted(settings.as_dict().items()))
+    key = settings.key
     probe = EndProbe(settings, role="sink", kept_as=("replay-ends", key))
     consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK,
                                 kept_as=("replay", key))
