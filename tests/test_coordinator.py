@@ -124,8 +124,10 @@ def test_unknown_is_checked_at_the_configured_times(coordinator: Running, unique
     asked = [n["at"] for n in history_of(k, t, txid) if n["event"] == "check_sent"]
     assert asked[0] >= born + POLICY.transaction_timeout
     assert asked[1] >= asked[0] + POLICY.check_interval
+    # Not a timing measure (the benchmarks are): a check many intervals late would
+    # show here, but a loaded CI machine takes seconds per batch (9.5 s seen).
     written_late = checks[0].timestamp - (born + POLICY.transaction_timeout)
-    assert 0 <= written_late < 5000, "first check far too late"
+    assert 0 <= written_late < 15000, "first check far too late"
     assert checks[0].value == b"body" and headers_of(checks[0])["REAL_TOPIC"] == real
     # Unanswered checks do not count: three were asked (check_max=2) and nothing is discarded.
     assert not [r for r in read_topic(k, t.discard) if r.key == txid.encode()]

@@ -264,8 +264,10 @@ def test_coordinator_killed_three_times_loses_nothing_and_releases_once(
         commits = {t for t, (_, final) in load.sent.items() if final is COMMIT}
         rollbacks = set(load.sent) - commits
         # The last run catches up with everything sent across the kills: minutes on a loaded
-        # CI machine. Waited for while it makes progress; what never shows is named.
-        missing = _awaited(lambda: commits - set(_visible(kafka, real)), quiet_s=120,
+        # CI machine. Waited for, from its start, while it makes progress; what never shows
+        # is named.
+        wait_until(lambda: "coordinator running" in coord.output(), timeout_s=300)
+        missing = _awaited(lambda: commits - set(_visible(kafka, real)), quiet_s=180,
                            limit_s=600)
         assert not missing, (f"{len(missing)} of {len(commits)} commits never released: "
                              f"{sorted(missing)[:10]}\n{coord.output()[-3000:]}")
