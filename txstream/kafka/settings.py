@@ -211,8 +211,8 @@ class KafkaSettings:
 
     @functools.cached_property
     def key(self) -> str:
-        """The settings as one string, made once: what kept clients are found by (a batch
-        asks for its clients thousands of times; asdict copies every field each time)."""
+        """The settings as one string, made once: what kept clients are found by (one key
+        for the source, the sink and the read-backs, in place of a copy of it in each)."""
         return json.dumps(self.as_dict(), sort_keys=True, default=str)
 
 

@@ -76,6 +76,8 @@ def commit_within(producer: Producer, timeout_s: float) -> None:
     KafkaTimeoutError then: the commit is in doubt, the caller must not send it again."""
     from txstream.kafka.errors import KafkaTimeoutError
 
+    # kafka-python's own commit_transaction() is these three calls with no timeout on the
+    # wait (3.0.12, pinned in pyproject.toml).
     manager = getattr(producer, "_transaction_manager", None)
     sender = getattr(producer, "_sender", None)
     if manager is None or sender is None:  # not kafka-python's (the in-memory broker's)
