@@ -119,10 +119,12 @@ TRANSITIONS: dict[tuple[Status | None, Trigger], tuple[Status | None, Action]] =
     (_S.PENDING, _T.BODY_GONE): (_S.PENDING, _A.MARK_GONE),
     **{(s, _T.BODY_GONE): (s, _A.IGNORE)
        for s in (None, _S.EARLY_END, _S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED, _S.LOST)},
+    # LOST too: a coordinator before this checkpoint released the half message sent again,
+    # and died before its note said so (docs/decisions/0029-releases-found.md).
     **{(s, _T.FOUND_RELEASED): (_S.COMMITTED, _A.ADOPT)
-       for s in (None, _S.EARLY_END, _S.PENDING)},
+       for s in (None, _S.EARLY_END, _S.PENDING, _S.LOST)},
     **{(s, _T.FOUND_RELEASED): (s, _A.IGNORE)
-       for s in (_S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED, _S.LOST)},
+       for s in (_S.COMMITTED, _S.ROLLED_BACK, _S.DISCARDED)},
 }
 
 MAY_REACH: dict[Action, frozenset[Status | None]] = {

@@ -319,6 +319,14 @@ def _replay_check_over_a_held_end(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(replay, "unless_held", lambda settings, topic, looked_for: None)
 
 
+def _lost_copy_taken_as_known(mp: pytest.MonkeyPatch) -> None:
+    """26: a new checkpoint did not look for the release of a lost release's half message
+    sent again: the history said LOST, so its predecessor's release of the copy (its last
+    batch died before the note) was taken as never written, and the copy released again."""
+    mp.setitem(lifecycle.TRANSITIONS, (Status.LOST, lifecycle.Trigger.FOUND_RELEASED),
+               (Status.LOST, Action.IGNORE))
+
+
 # (name, the old rule put back, a seed that breaks with it, what the oracle says). A negative
 # seed plays its schedule on the ordered path (no Kafka transactions), where it was found.
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
@@ -354,6 +362,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("24b-stalled-end-taken-for-loss", _stalled_end_taken_for_loss, 27860, "released 2 times"),
     ("25-replay-check-over-a-held-end", _replay_check_over_a_held_end, 1977,
      "released 2 times"),
+    ("26-lost-copy-taken-as-known", _lost_copy_taken_as_known, 606241, "released 2 times"),
     # Each recovery guard taken out (issue 39's oracle defect: none of the first two was seen).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
     ("guard-look", GUARDS["look"], 300, "released 2 times"),

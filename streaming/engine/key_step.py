@@ -117,9 +117,13 @@ def _found_released(kafka: KafkaSettings, bucket: Bucket, halves: list[Message],
     for half in halves:
         txid = half.transaction_id
         tx = bucket.get(txid) if txid else None
+        known = bucket.known_outcome(txid, now) if txid else None
         if (not txid or (tx is not None and tx.status is not Status.EARLY_END)
-                or bucket.known_outcome(txid, now) is not None):
-            continue  # known here: decided by this checkpoint, or read back from the history
+                or (known is not None and known[0] != Status.LOST.value)):
+            # Known here: decided by this checkpoint, or read back from the history. A lost
+            # release is looked for all the same: a coordinator before may have released its
+            # half message sent again, and died before noting so.
+            continue
         stored = half.stored_timestamp if half.stored_timestamp is not None else now
         since = min(anchor(half, now, policy), stored, now) - policy.max_clock_skew
         ids = wanted.setdefault(half.topic, {})
