@@ -35,6 +35,9 @@ RUN useradd --create-home --uid 10001 txstream \
 USER txstream
 # Built now, into the user's cache, so the first start does not wait for javac.
 RUN python -c "from txstream.streaming.engine.local_fs import no_fork_fs_jar; assert no_fork_fs_jar()"
+# And the driver's class-data archive: every start of the coordinator maps Spark's classes from
+# it, seconds sooner (docs/decisions/0033-class-archive.md).
+RUN python -m txstream.streaming.engine.class_archive
 WORKDIR /data
 # `txstream run` and `txstream pending` without --checkpoint-dir: on the volume.
 ENV TXSTREAM_CHECKPOINT_DIR=/data/checkpoints/coordinator

@@ -77,4 +77,9 @@ if [ ! -f "$KAFKA_DIR/classes.jsa" ] || [ "$(cat "$KAFKA_DIR/java.version" 2>/de
     echo "setup: no class-data archive: Apache Kafka starts without it, slower"
   fi
 fi
+# The class-data archive of a local coordinator's driver (Spark's classes, for this class path
+# and JVM): every start is seconds shorter (docs/decisions/0033-class-archive.md). Made once, by
+# a training run of about a minute; without it the coordinator only starts slower.
+"$VENV/bin/python" -m txstream.streaming.engine.class_archive 2>&1 | grep -E "^class-data|Error" \
+  || echo "setup: no class-data archive for Spark's driver: the coordinator starts without it"
 echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from txstream.class_data import sharing_options
 from txstream.errors import BrokerUnavailable
 
 __all__ = ["KafkaNode", "kafka_libs", "class_archive", "check_installed", "SETUP_HINT",
@@ -101,11 +102,7 @@ class KafkaNode:
 
     def _command(self, main: str, *args: str, archive_to: Path | None = None) -> list[str]:
         log4j = self.directory / "log4j2.properties"
-        archive = class_archive(self.libs)
-        if archive_to is not None:
-            sharing = [f"-XX:ArchiveClassesAtExit={archive_to}"]
-        else:
-            sharing = [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+        sharing = sharing_options(class_archive(self.libs), archive_to)
         return [self.java, *self.jvm_options, *sharing, f"-Dlog4j2.configurationFile={log4j}",
                 "-cp", f"{self.libs}/*", main, *args]
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from txstream.streaming.engine.class_archive import archive_option
 from txstream.streaming.engine.local_fs import no_fork_fs_jar
 from txstream.streaming.engine.spark_settings import (
     DEFAULT_DRIVER_MEMORY,
@@ -100,6 +101,9 @@ def build_session(
         jar = no_fork_fs_jar()
         if jar is not None:
             settings = with_no_fork_fs(settings, jar)
+        # Spark's classes mapped from an archive, where one was made for this class path.
+        settings = merge_settings({"spark.driver.extraJavaOptions": archive_option(settings)},
+                                  settings)
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
     for key, value in settings.items():
         builder = builder.config(key, str(value))

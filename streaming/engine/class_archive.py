@@ -1,0 +1,147 @@
+"""A class-data archive of the driver's JVM: Spark's classes loaded once, mapped at each start.
+
+A local coordinator's JVM loads thousands of Spark's classes before its session exists, and
+parses and verifies each one again at every start, restart and crash recovery. The JDK's
+application class-data sharing (AppCDS, JDK 13+) keeps them in an archive that a later JVM
+maps instead, and every start is seconds shorter (figures: docs/decisions/0033-class-archive.md).
+
+The archive is made by a training run (``python -m txstream.streaming.engine.class_archive``,
+which ``scripts/setup.sh`` runs once): a local session with ``-XX:ArchiveClassesAtExit`` that
+runs a small stateful stream and exits, the archive written when its JVM ends. It is only good
+for the class path it was made with, so it is named by a digest of that path, of pyspark's jars
+and of the JVM. A start finds it by that name (:func:`archive_option`); without one, or with
+one the JVM refuses (``-Xshare:auto``: a changed jar, another JVM), it starts as before,
+silently.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from txstream.class_data import sharing_options
+
+__all__ = ["archive_path", "archive_option", "train", "CDS_FLAGS"]
+
+log = logging.getLogger(__name__)
+
+# A user's own class-data sharing options win: txstream then adds none.
+CDS_FLAGS = ("-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit", "-Xshare")
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "txstream"
+
+
+def _java() -> str:
+    """The java spark-submit starts: ``$JAVA_HOME/bin/java``, else the one on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return os.path.realpath(found) if found else ""
+
+
+def archive_path(settings: Mapping[str, str], cache_dir: Path | None = None) -> Path:
+    """Where the archive for a driver started with ``settings`` is (made or not)."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    key = "\n".join([pyspark.__version__, _java(), os.environ.get("SPARK_CONF_DIR", ""),
+                     settings.get("spark.driver.extraClassPath", ""), *names])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (cache_dir or _cache_dir()) / f"spark-driver-{digest}.jsa"
+
+
+def archive_option(settings: Mapping[str, str], cache_dir: Path | None = None) -> str:
+    """The driver's JVM options that map its archive ("" without one, or when the user's own
+    options speak of class-data sharing)."""
+    given = settings.get("spark.driver.extraJavaOptions", "")
+    if any(flag in given for flag in CDS_FLAGS):
+        return ""
+    return " ".join(sharing_options(archive_path(settings, cache_dir)))
+
+
+def _training_stream(spark: Any) -> None:
+    """A few micro-batches of a stateful stream of the coordinator's shape (a rate source,
+    ``applyInPandasWithState`` with a processing-time timeout): the classes of a query's
+    start and first batches join the archive."""
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no types
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def count(key: Any, frames: Any, state: Any) -> Any:
+        total = sum(len(f) for f in frames) + (state.get[0] if state.exists else 0)
+        state.update((total,))
+        state.setTimeoutDuration(60_000)
+        yield pd.DataFrame({"key": [key[0]], "n": [total]})
+
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
+            .selectExpr("value % 4 AS key", "value"))
+    query = (rows.groupBy("key")
+             .applyInPandasWithState(count, "key long, n long", "n long", "append",
+                                     GroupStateTimeout.ProcessingTimeTimeout)
+             .writeStream.format("noop").trigger(processingTime="200 milliseconds").start())
+    deadline = time.monotonic() + 120
+    while (query.lastProgress is None or query.lastProgress["batchId"] < 2) and (
+            time.monotonic() < deadline):
+        time.sleep(0.2)
+    query.stop()
+
+
+def _run_training(target: Path) -> None:
+    from txstream.streaming.engine.session import build_session
+
+    staged = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    spark = build_session(conf={
+        "spark.driver.extraJavaOptions": " ".join(sharing_options(target, staged)),
+        "spark.ui.enabled": "false"}, app_name="txstream-class-archive")
+    _training_stream(spark)
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    spark.stop()
+    if proc is None or proc.stdin is None:
+        raise RuntimeError("the JVM was not started by this process: nothing to archive")
+    proc.stdin.close()  # the gateway exits, and the JVM writes the archive as it ends
+    if proc.wait(timeout=600) != 0 or not staged.is_file():
+        staged.unlink(missing_ok=True)
+        raise RuntimeError(f"the JVM wrote no class-data archive (exit {proc.returncode})")
+    os.replace(staged, target)
+
+
+def train(cache_dir: Path | None = None) -> Path | None:
+    """Make the archive for a local coordinator's driver, unless it is there; its path, or
+    None where it cannot be made (spark-submit started this driver, or the JVM failed)."""
+    from txstream.streaming.engine.local_fs import no_fork_fs_jar
+    from txstream.streaming.engine.session import given_settings, submitted
+    from txstream.streaming.engine.spark_settings import with_no_fork_fs
+
+    if submitted():
+        return None
+    # The class path build_session gives a local driver with no --conf of the user's.
+    settings, jar = given_settings({}), no_fork_fs_jar()
+    if jar is not None:
+        settings = with_no_fork_fs(settings, jar)
+    target = archive_path(settings, cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second trainer waits, then finds it made
+        if not target.is_file():
+            _run_training(target)
+    return target
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    started = time.monotonic()
+    made = train()
+    print(f"class-data archive: {made} ({time.monotonic() - started:.0f} s)")
+    sys.exit(0)
