@@ -28,18 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from txstream.class_data import sharing_options
+from txstream.streaming.engine.local_fs import txstream_cache
 
 __all__ = ["archive_path", "archive_option", "train", "CDS_FLAGS"]
 
-log = logging.getLogger(__name__)
-
 # A user's own class-data sharing options win: txstream then adds none.
 CDS_FLAGS = ("-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit", "-Xshare")
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "txstream"
 
 
 def _java() -> str:
@@ -58,7 +52,7 @@ def archive_path(settings: Mapping[str, str], cache_dir: Path | None = None) -> 
     key = "\n".join([pyspark.__version__, _java(), os.environ.get("SPARK_CONF_DIR", ""),
                      settings.get("spark.driver.extraClassPath", ""), *names])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return (cache_dir or _cache_dir()) / f"spark-driver-{digest}.jsa"
+    return (cache_dir or txstream_cache()) / f"spark-driver-{digest}.jsa"
 
 
 def archive_option(settings: Mapping[str, str], cache_dir: Path | None = None) -> str:
@@ -120,17 +114,12 @@ def _run_training(target: Path) -> None:
 def train(cache_dir: Path | None = None) -> Path | None:
     """Make the archive for a local coordinator's driver, unless it is there; its path, or
     None where it cannot be made (spark-submit started this driver, or the JVM failed)."""
-    from txstream.streaming.engine.local_fs import no_fork_fs_jar
-    from txstream.streaming.engine.session import given_settings, submitted
-    from txstream.streaming.engine.spark_settings import with_no_fork_fs
+    from txstream.streaming.engine.session import given_settings, local_driver, submitted
 
     if submitted():
         return None
     # The class path build_session gives a local driver with no --conf of the user's.
-    settings, jar = given_settings({}), no_fork_fs_jar()
-    if jar is not None:
-        settings = with_no_fork_fs(settings, jar)
-    target = archive_path(settings, cache_dir)
+    target = archive_path(local_driver(given_settings({})), cache_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second trainer waits, then finds it made

@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["NO_FORK_FS_CLASS", "SOURCE", "no_fork_fs_jar"]
+__all__ = ["NO_FORK_FS_CLASS", "SOURCE", "no_fork_fs_jar", "txstream_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ NO_FORK_FS_CLASS = "txstream.hadoop.NoForkLocalFileSystem"
 SOURCE = Path(__file__).with_name("resources") / "NoForkLocalFileSystem.java"
 
 
-def _cache_dir() -> Path:
+def txstream_cache() -> Path:
+    """txstream's cache of what a session builds once (this jar, the driver's class archive)."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "txstream"
 
@@ -48,7 +49,7 @@ def no_fork_fs_jar(cache_dir: Path | None = None) -> Path | None:
     if api is None:
         return None
     digest = hashlib.sha256(source + api.name.encode()).hexdigest()[:16]
-    target = (cache_dir or _cache_dir()) / f"no-fork-local-fs-{digest}.jar"
+    target = (cache_dir or txstream_cache()) / f"no-fork-local-fs-{digest}.jar"
     if target.exists():
         return target
     javac = shutil.which("javac")

@@ -31,7 +31,7 @@ from txstream.streaming.engine.spark_settings import (
 )
 
 __all__ = ["build_session", "stop_spark", "end_spark", "on_jvm_signals", "given_settings",
-           "submitted"]
+           "submitted", "local_driver"]
 
 
 def submitted() -> bool:
@@ -66,6 +66,15 @@ def _prepare_environment(local: bool) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+def local_driver(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` with what a local driver that this process starts gets: the no-fork file
+    system (its jar is local), then Spark's classes mapped from the archive made for the class
+    path that gives, if there is one."""
+    jar = no_fork_fs_jar()
+    local = with_no_fork_fs(settings, jar) if jar is not None else dict(settings)
+    return merge_settings({"spark.driver.extraJavaOptions": archive_option(local)}, local)
+
+
 def build_session(
     master: str | None = None,
     shuffle_partitions: int = 2,
@@ -97,13 +106,8 @@ def build_session(
         local=local, submitted=submitted()), given)
     check_settings(settings)
     if local and not submitted():
-        # Only where this call starts the JVM and every executor is in it: the jar is local.
-        jar = no_fork_fs_jar()
-        if jar is not None:
-            settings = with_no_fork_fs(settings, jar)
-        # Spark's classes mapped from an archive, where one was made for this class path.
-        settings = merge_settings({"spark.driver.extraJavaOptions": archive_option(settings)},
-                                  settings)
+        # Only where this call starts the JVM and every executor is in it.
+        settings = local_driver(settings)
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
     for key, value in settings.items():
         builder = builder.config(key, str(value))
