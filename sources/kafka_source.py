@@ -54,11 +54,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from txstream.kafka import topic_ids
 from txstream.kafka.partition_health import troubles_of
-from txstream.kafka.provision import create_command, ensure_topics, topic_spec
 from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
-from txstream.sources.data_loss import TOPIC_IDS, Loss, find_loss
 from txstream.sources.event_rows import (
     arrow_schema,
     progress_row,
@@ -82,11 +79,12 @@ from txstream.sources.kafka_io import (
     metadata_calls,
     read_slice,
 )
+from txstream.sources.loss_watch import LossWatch
 from txstream.sources.offsets import Offsets, canonical, records_of, spread_budget
 from txstream.sources.progress import ENDS_READ, ProgressClock
+from txstream.sources.topic_watch import TopicWatch
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import TICK, Schedule, next_tick
-from txstream.topics import HALF_TOPIC, Topics
 
 __all__ = [
     "SOURCE_NAME",
@@ -109,9 +107,6 @@ SOURCE_NAME = "txstream-events"
 class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches from high watermarks (driver side) and reads them (workers)."""
 
-    # How often the partition lists are re-read, to pick up partitions added to a topic.
-    PARTITION_REFRESH_MS = 10_000
-
     def __init__(self, options: SourceOptions, schema: Any,
                  clock: Callable[[], int] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -120,81 +115,29 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         # The driver's clock (ms): the tick's and the progress time's (a simulation gives its own).
         self._clock = clock or (lambda: int(time.time() * 1000))
-        self._partitions: dict[str, list[int]] = {}
-        self._partitions_at: int | None = None
-        self._ids: dict[str, str] = {}  # the topics' ids as of the last partition refresh
+        self._topics = TopicWatch(options, self._clock)
         self._known_end: dict[tuple[str, int], int] = {}
         self._target: Offsets | None = None  # Trigger.AvailableNow: do not read past this
         self._schedule: tuple[Any, Schedule] | None = None  # (the file's identity, schedule)
         self._progress = ProgressClock()
         self._sleep = sleep
         self._quiet_since: int | None = None  # since when latestOffset found nothing new
-        # Partitions seen ending below the checkpoint, since when; those already told of.
-        self._below_since: dict[tuple[str, str], int] = {}
-        self._told_below: frozenset[tuple[str, str]] = frozenset()
+        self._loss = LossWatch(options, self._clock)
 
     # --- driver side ---------------------------------------------------------------------
 
-    def _create_topics(self, missing: Sequence[str]) -> None:
-        """Create the missing half/end topics by the coordinator's rule (the provisioning
-        module's, which ``Coordinator.start`` applied already; here for queries started
-        without it)."""
-        kinds = {self.options.half_topic: "half", self.options.end_topic: "end"}
-        half = self.options.half_topic
-        prefix = half[:-len(HALF_TOPIC)] if half.endswith(HALF_TOPIC) else ""
-        specs = [topic_spec(kinds[t], t, readers=("coordinator",),
-                            partitions=self.options.topic_partitions) for t in missing]
-        ensure_topics(self.options.kafka, specs,
-                      create_command(self.options.kafka, Topics.with_prefix(prefix)))
-
-    def _topic_partitions(self) -> dict[str, list[int]]:
-        """The partitions of both topics (created if missing), re-read every few seconds."""
-        now = self._clock()
-        if (self._partitions and self._partitions_at is not None
-                and 0 <= now - self._partitions_at < self.PARTITION_REFRESH_MS):
-            return self._partitions
-        consumer = consumer_for(self.options, "offsets")
-        consumer.topics()  # a fresh metadata request: the cached one may predate new partitions
-        missing = [t for t in self.options.topics if not consumer.partitions_for_topic(t)]
-        if missing:
-            self._create_topics(missing)
-        deadline = time.monotonic() + self.options.read_timeout_ms / 1000
-        found: dict[str, list[int]] = {}
-        for topic in self.options.topics:
-            parts = consumer.partitions_for_topic(topic)
-            while not parts and time.monotonic() < deadline:
-                time.sleep(0.05)  # a topic just created may take a moment to show in metadata
-                consumer.topics()
-                parts = consumer.partitions_for_topic(topic)
-            if not parts:
-                raise SourceReadError(f"topic {topic} has no partitions in the broker metadata")
-            found[topic] = sorted(parts)
-        self._partitions, self._partitions_at = found, now
-        self._ids = topic_ids(consumer, self.options.topics)
-        return found
-
-    def _refresh_ids(self) -> None:
-        """The topics' ids as of now: a batch about to be planned carries them in its offset,
-        and its replay is refused from a topic created again since (:meth:`_same_topics`), so
-        they must be no older than the ends it was planned from. Asked only when the ends
-        moved: once per planned batch, not at every call of Spark's."""
-        consumer = consumer_for(self.options, "offsets")
-        with metadata_calls(self.options):
-            consumer.topics()
-        self._ids = topic_ids(consumer, self.options.topics)
-
     def _high_watermarks(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
-        started, listed = self._clock(), self._partitions_at
+        started, listed = self._clock(), self._topics.listed_at
         with metadata_calls(self.options):
-            parts = self._topic_partitions()
+            parts = self._topics.partitions()
         hints = {
             (t, p): max(int(start.get(t, {}).get(str(p), 0)), self._known_end.get((t, p), 0))
             for t, ps in parts.items() for p in ps
         }
         # A partition gone (its topic re-created with fewer) has no end: nothing moves there.
         known, self._known_end = self._known_end, high_watermarks(self.options, parts, hints)
-        if known and known != self._known_end and self._partitions_at == listed:
-            self._refresh_ids()  # (a listing just now read them already)
+        if known and known != self._known_end and self._topics.listed_at == listed:
+            self._topics.refresh_ids()  # (a listing just now read them already)
         # Both topics: a held end event expires only once the half topic is read past when it
         # was held, as a discard waits for the end topic (sources.progress).
         self._progress.observed(started, dict(self._known_end))
@@ -228,7 +171,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return journal
 
     def initialOffset(self) -> dict[str, Any]:
-        parts = self._topic_partitions()
+        parts = self._topics.partitions()
         # The half messages below the half topic's ends are marked as read again (0029): a
         # partition whose leader is short of in-sync replicas may end short of what it holds
         # (Kafka 4, KIP-966), and those would go unmarked.
@@ -246,7 +189,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  half_ends)
         return canonical({t: {str(p): 0 for p in ps} for t, ps in parts.items()},
                          self.options.topics, tick, 0, journal.entry() if journal else None,
-                         self._ids)
+                         self._topics.ids)
 
     def _timers(self) -> Schedule:
         """The schedule file, parsed again only when it changed (Spark asks every 10 ms)."""
@@ -280,46 +223,6 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._high_watermarks(canonical({}, self.options.topics))
 
-    def _confirmed(self, loss: Loss) -> Loss:
-        """``loss`` less the partitions seen ending below the checkpoint for less than
-        ``loss_confirm_ms`` (a new leader's high watermark catching up): those are not read
-        meanwhile, as their end is below where they were read to."""
-        now = self._clock()
-        # A leader short of in-sync replicas keeps its high watermark where it was: its
-        # partition waits, however long, until they are back.
-        troubled = troubles_of(self.options.kafka, sorted({t for t, _ in loss.below})) \
-            if loss.below else {}
-        self._below_since = {p: now if (p[0], int(p[1])) in troubled
-                             else self._below_since.get(p, now) for p in loss.below}
-        waiting = frozenset(p for p, since in self._below_since.items()
-                            if now - since < self.options.loss_confirm_ms)
-        for p in sorted(waiting - self._told_below):
-            log.warning("%s: waiting up to %d ms for it to come back (a leader election) "
-                        "before taking it for records lost", loss.below[p],
-                        self.options.loss_confirm_ms)
-        self._told_below = waiting
-        return loss.without(waiting)
-
-    def _lost(self, start: Mapping[str, Any], records: Mapping[str, Mapping[str, int]],
-              latest: Offsets) -> set[tuple[str, str]]:
-        """The partitions whose records the broker lost (:mod:`txstream.sources.data_loss`)."""
-        loss = self._confirmed(find_loss(records, latest, start.get(TOPIC_IDS, {}), self._ids))
-        if loss.why and self.options.fail_on_data_loss:
-            raise SourceReadError(
-                f"the broker no longer has records the checkpoint has read: "
-                f"{'; '.join(loss.why)}. Start on a new checkpoint (txstream run "
-                "--checkpoint-dir), or read these partitions again from the start (txstream "
-                "run --no-fail-on-data-loss, the source's option fail_on_data_loss=false); "
-                "either way the outcomes in the history topic are read back first."
-            )
-        for why in loss.why:
-            log.warning("%s: reading it again from offset 0", why)
-        return set(loss.partitions)
-
-    def _ids_of(self, start: Mapping[str, Any]) -> dict[str, str]:
-        """The topics' ids for the next offset: the current ones, the start's where unknown."""
-        return {**start.get(TOPIC_IDS, {}), **self._ids}
-
     def _wait_if_quiet(self, start: Mapping[str, Any]) -> None:
         """Wait before asking the broker once the input has been quiet (sources.idle)."""
         if not self.options.idle_wait_ms or self._target is not None:
@@ -338,8 +241,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends_read = int(start.get(ENDS_READ, {}).get("at", 0))
         records = records_of(start)
         latest = self._high_watermarks(records)
-        lost = self._lost(start, records, latest)
-        ids = self._ids_of(start)
+        lost = self._loss.lost(start, records, latest, self._topics.ids)
+        ids = self._topics.ids_of(start)
         if lost and self.options.journal_topic is not None:
             half_ends = {int(p): int(latest[t][p]) for t, p in lost
                          if t == self.options.half_topic and p in latest.get(t, {})}
@@ -407,30 +310,9 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(topic, {})[str(partition)] = hw
         return canonical(out, self.options.topics)
 
-    def _same_topics(self, end: Mapping[str, Any]) -> None:
-        """Refuse to read a planned batch again (Spark replays the batch a crash left
-        uncommitted) from a topic deleted and created again since it was planned: the records
-        under its offsets are others now, and the replay would emit other records under the
-        ids its first run wrote (:mod:`txstream.readback.replay`)."""
-        planned = end.get(TOPIC_IDS) or {}
-        if not planned:
-            return
-        ids = self._ids
-        if not ids:  # a new planner (a restart): ask the broker
-            consumer = consumer_for(self.options, "offsets")
-            consumer.topics()  # fresh metadata: a kept client's may predate the new topic
-            ids = topic_ids(consumer, self.options.topics)
-        changed = sorted(t for t, i in planned.items() if ids.get(t) not in (None, i))
-        if changed:
-            raise SourceReadError(
-                f"{', '.join(changed)} was deleted and created again since this micro-batch was "
-                "planned: the records it read are gone, and the batch cannot run again. Start "
-                "on a new checkpoint (txstream run --checkpoint-dir): the history topic's "
-                "outcomes are read back first.")
-
     def partitions(self, start: dict[str, Any], end: dict[str, Any]
                    ) -> Sequence[InputPartition]:
-        self._same_topics(end)
+        self._topics.same_topics(end)
         slices = []
         journal = Journal.of(end.get(JOURNAL))
         again = journal.again if journal is not None else {}

@@ -32,6 +32,8 @@ import txstream.readback.bodies as bodies
 import txstream.readback.replay as replay
 import txstream.sources.journal as journal
 import txstream.sources.kafka_source as kafka_source
+import txstream.sources.loss_watch as loss_watch
+import txstream.sources.topic_watch as topic_watch
 import txstream.state.bucket as bucket
 import txstream.state.lifecycle as lifecycle
 import txstream.state.timing as timing
@@ -159,7 +161,7 @@ def _answer_by_business_key(mp: pytest.MonkeyPatch) -> None:
 def _topic_ids_unread(mp: pytest.MonkeyPatch) -> None:
     """11 (a long run): a half topic deleted and created again is seen only by its offsets,
     so records written past the checkpoint's offset before it looks are never read."""
-    mp.setattr(kafka_source, "topic_ids", lambda consumer, topics: {})
+    mp.setattr(topic_watch, "topic_ids", lambda consumer, topics: {})
 
 
 def _replay_trusts_the_body_read(mp: pytest.MonkeyPatch) -> None:
@@ -301,14 +303,7 @@ def _stalled_end_taken_for_loss(mp: pytest.MonkeyPatch) -> None:
     records lost, even while its leader was short of in-sync replicas. With
     fail_on_data_loss=false it was read again from its start, over the held high watermark:
     the half messages past it were not marked as read again, and one was released twice."""
-    confirmed = kafka_source.KafkaEventReader._confirmed
-
-    def blind(self: Any, loss: Any) -> Any:
-        with pytest.MonkeyPatch.context() as inner:
-            inner.setattr(kafka_source, "troubles_of", lambda settings, topics: {})
-            return confirmed(self, loss)
-
-    mp.setattr(kafka_source.KafkaEventReader, "_confirmed", blind)
+    mp.setattr(loss_watch, "troubles_of", lambda settings, topics: {})
 
 
 def _replay_check_over_a_held_end(mp: pytest.MonkeyPatch) -> None:

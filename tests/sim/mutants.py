@@ -18,7 +18,7 @@ import pytest
 
 import txstream.sinks.kafka_sink as kafka_sink
 import txstream.sources.journal as journal
-import txstream.sources.kafka_source as kafka_source
+import txstream.sources.topic_watch as topic_watch
 import txstream.streaming.engine.key_step as key_step
 
 __all__ = ["GUARDS", "removed"]
@@ -49,7 +49,7 @@ def _record_ids(mp: pytest.MonkeyPatch) -> None:
 
 def _topic_ids(mp: pytest.MonkeyPatch) -> None:
     """KIP-516: a half topic deleted and created again is seen only by its offsets."""
-    mp.setattr(kafka_source, "topic_ids", lambda consumer, topics: {})
+    mp.setattr(topic_watch, "topic_ids", lambda consumer, topics: {})
 
 
 GUARDS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
