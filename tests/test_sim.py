@@ -20,7 +20,8 @@ import pytest
 
 from sim.mutants import GUARDS, removed
 from sim.oracle import Violation
-from sim.schedule import FAULTS, run
+from sim.scenarios import FAULTS
+from sim.schedule import run
 
 pytestmark = pytest.mark.sim
 

@@ -47,7 +47,7 @@ from txstream.state.timing import anchor
 from txstream.state.transaction import Status
 from txstream.topics import Topics
 
-from sim import schedule
+from sim import scenarios
 from sim.actors import COMMIT, Producers
 from sim.mutants import GUARDS
 from sim.oracle import Violation
@@ -373,7 +373,7 @@ def test_the_simulation_catches_the_defect(monkeypatch: pytest.MonkeyPatch,
                                            patch: Callable[[pytest.MonkeyPatch], None],
                                            seed: int, broken: str) -> None:
     if seed < 0:  # the seed's schedule found on the ordered path, before transactions
-        monkeypatch.setattr(schedule, "TRANSACTIONS", False)
+        monkeypatch.setattr(scenarios, "TRANSACTIONS", False)
         seed = -seed
     run(seed)  # the fixed code keeps the promise on this schedule
     patch(monkeypatch)

@@ -8,8 +8,8 @@ check, the body read-back, the client's rule for which check request to answer, 
 consumer's dedup. What stands in for Spark is :mod:`sim.spark`: its micro-batch contract
 (offset log, state versions, processing-time timeouts, the event-time watermark, replay of an
 uncommitted batch), reduced to what the coordinator relies on. Producers, their applications
-and consumers are :mod:`sim.actors`; a seed decides everything (:mod:`sim.schedule`), and the
-promise is checked after every step (:mod:`sim.oracle`).
+and consumers are :mod:`sim.actors`; a seed decides everything (:mod:`sim.scenarios`),
+:mod:`sim.schedule` plays it, and the promise is checked after every step (:mod:`sim.oracle`).
 
 The broker answers as tansu does in half of the schedules, as Apache Kafka does in the other
 half; in half of those the sink writes each task's records in one Kafka transaction
