@@ -364,6 +364,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("guard-replay-check", GUARDS["replay-check"], 6, "released 2 times"),
     ("guard-record-ids", GUARDS["record-ids"], 6, "released 2 times"),
     ("guard-topic-ids", GUARDS["topic-ids"], 264, "never ended"),
+    ("guard-held-look", GUARDS["held-look"], 14721, "released 2 times"),
 ]
 
 

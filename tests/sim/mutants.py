@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import txstream.readback.release_index as release_index
 import txstream.sinks.kafka_sink as kafka_sink
 import txstream.sources.journal as journal
 import txstream.sources.topic_watch as topic_watch
@@ -52,12 +53,20 @@ def _topic_ids(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(topic_watch, "topic_ids", lambda consumer, topics: {})
 
 
+def _held_look(mp: pytest.MonkeyPatch) -> None:
+    """0029 under a held high watermark: a new checkpoint's look takes a real-topic partition
+    whose leader is short of in-sync replicas, its high watermark held below a predecessor's
+    release, for one that holds no release."""
+    mp.setattr(release_index, "unless_held", lambda settings, topic, looked_for: None)
+
+
 GUARDS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "journal": _journal,
     "look": _look,
     "replay-check": _replay_check,
     "record-ids": _record_ids,
     "topic-ids": _topic_ids,
+    "held-look": _held_look,
 }
 
 
