@@ -77,3 +77,21 @@ def test_an_archive_the_jvm_refuses_is_passed_over_quietly(tmp_path: Path) -> No
     assert "counted 5" in done.stdout
     said = (done.stdout + done.stderr).lower()
     assert "cds" not in said and "shared archive" not in said, said[-3000:]
+
+
+def test_an_archive_is_another_once_a_jar_of_its_class_path_moves_or_changes(
+        tmp_path: Path) -> None:
+    # The JVM refuses an archive whose class-path jars are elsewhere or changed (a cache
+    # copied to another checkout, a venv installed again); such a start gets its own archive.
+    jar = tmp_path / "a" / "no-fork.jar"
+    jar.parent.mkdir()
+    jar.write_bytes(b"jar")
+    made = archive_path({"spark.driver.extraClassPath": str(jar)}, tmp_path)
+    assert archive_path({"spark.driver.extraClassPath": str(jar)}, tmp_path) == made
+    moved = tmp_path / "b" / "no-fork.jar"
+    moved.parent.mkdir()
+    moved.write_bytes(b"jar")
+    os.utime(moved, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns))
+    assert archive_path({"spark.driver.extraClassPath": str(moved)}, tmp_path) != made
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 10**9))
+    assert archive_path({"spark.driver.extraClassPath": str(jar)}, tmp_path) != made

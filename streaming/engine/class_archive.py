@@ -8,10 +8,10 @@ maps instead, and every start is seconds shorter (figures: docs/decisions/0033-c
 The archive is made by a training run (``python -m txstream.streaming.engine.class_archive``,
 which ``scripts/setup.sh`` runs once): a local session with ``-XX:ArchiveClassesAtExit`` that
 runs a small stateful stream and exits, the archive written when its JVM ends. It is only good
-for the class path it was made with, so it is named by a digest of that path, of pyspark's jars
-and of the JVM. A start finds it by that name (:func:`archive_option`); without one, or with
-one the JVM refuses (``-Xshare:auto``: a changed jar, another JVM), it starts as before,
-silently.
+for the class path it was made with, so it is named by a digest of that path's jars (where
+they are, their sizes and times, as the JVM checks them) and of the JVM. A start finds it by
+that name (:func:`archive_option`); without one, or with one the JVM refuses
+(``-Xshare:auto``: another JVM build), it starts as before, silently.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -43,14 +44,26 @@ def _java() -> str:
     return os.path.realpath(found) if found else ""
 
 
+def _stamp(jar: Path) -> str:
+    """What the JVM checks of a class-path entry before it maps an archive: its path, size
+    and time. An archive of a checkout elsewhere, or of a venv installed again, is another
+    archive (a copied cache used to hand its old one to a new checkout, which refused it)."""
+    try:
+        found = jar.stat()
+    except OSError:
+        return str(jar)
+    return f"{os.path.realpath(jar)} {found.st_size} {found.st_mtime_ns}"
+
+
 def archive_path(settings: Mapping[str, str], cache_dir: Path | None = None) -> Path:
     """Where the archive for a driver started with ``settings`` is (made or not)."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
-    names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    extra = [Path(p) for p in settings.get("spark.driver.extraClassPath", "").split(":") if p]
     key = "\n".join([pyspark.__version__, _java(), os.environ.get("SPARK_CONF_DIR", ""),
-                     settings.get("spark.driver.extraClassPath", ""), *names])
+                     *map(_stamp, extra),
+                     *map(_stamp, sorted(jars.glob("*.jar")) if jars.is_dir() else [])])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (cache_dir or txstream_cache()) / f"spark-driver-{digest}.jsa"
 
@@ -111,15 +124,16 @@ def _run_training(target: Path) -> None:
     os.replace(staged, target)
 
 
-def train(cache_dir: Path | None = None) -> Path | None:
-    """Make the archive for a local coordinator's driver, unless it is there; its path, or
-    None where it cannot be made (spark-submit started this driver, or the JVM failed)."""
-    from txstream.streaming.engine.session import given_settings, local_driver, submitted
+def _target(cache_dir: Path | None) -> Path:
+    from txstream.streaming.engine.session import given_settings, local_driver
 
-    if submitted():
-        return None
     # The class path build_session gives a local driver with no --conf of the user's.
-    target = archive_path(local_driver(given_settings({})), cache_dir)
+    return archive_path(local_driver(given_settings({})), cache_dir)
+
+
+def _train_here(cache_dir: Path | None) -> Path:
+    """The training run, in this process (which must have no Spark session yet)."""
+    target = _target(cache_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second trainer waits, then finds it made
@@ -128,9 +142,24 @@ def train(cache_dir: Path | None = None) -> Path | None:
     return target
 
 
+def train(cache_dir: Path | None = None) -> Path | None:
+    """Make the archive for a local coordinator's driver, unless it is there; its path, or
+    None where it cannot be made (spark-submit started this driver, or the JVM failed).
+    The training runs in a process of its own: a session of this one would be reused."""
+    from txstream.streaming.engine.session import submitted
+
+    if submitted():
+        return None
+    target = _target(cache_dir)
+    if not target.is_file():
+        subprocess.run([sys.executable, "-m", "txstream.streaming.engine.class_archive",
+                        *([str(cache_dir)] if cache_dir else [])], check=False, timeout=900)
+    return target if target.is_file() else None
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
-    made = train()
+    made = _train_here(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
     print(f"class-data archive: {made} ({time.monotonic() - started:.0f} s)")
     sys.exit(0)
