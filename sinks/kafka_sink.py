@@ -47,8 +47,8 @@ from txstream.errors import ConfigError, MalformedRecord, SendFailed
 from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
-from txstream.readback.bodies import BodySource, with_bodies
-from txstream.readback.replay import replay_suspected, written_ids
+from txstream.readback.bodies import BodySource, transaction_id_of, with_bodies
+from txstream.readback.replay import replay_suspected, written_ids, written_transactions
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
 from txstream.sinks.delivery import Delivery, Prepared, RefusedRelease, make_sink_producer
 from txstream.sinks.refusal_log import record as refusal_record
@@ -57,7 +57,7 @@ from txstream.sinks.transactional import Fenced, TransactionalDelivery, task_tra
 from txstream.spark_worker import quiet_hang_up, settle
 from txstream.timer_schedule import fold_into
 from txstream.topics import validate_topic
-from txstream.wire import unpack_headers
+from txstream.wire import H, unpack_headers
 
 __all__ = ["SINK_NAME", "SinkOptions", "SinkCommit", "KafkaRecordSink", "KafkaRecordWriter",
            "make_sink_producer", "send_rows", "send_batches"]
@@ -164,16 +164,56 @@ def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepare
         return rows
     try:
         found = written_ids(options.kafka, wanted, batch_ms)
+        kept = [prepared for prepared in rows if prepared[0].record_id not in found]
+        kept = _by_transaction_not_written(options, rows, kept, batch_ms)
     except Exception as exc:
         # Writing blind would duplicate: fail the batch, it is tried again on restart.
         raise SendFailed(f"cannot tell what this replayed batch already wrote: "
                          f"{type(exc).__name__}: {exc}") from exc
-    if not found:
+    if len(kept) == len(rows):
         return rows
-    kept = [prepared for prepared in rows if prepared[0].record_id not in found]
     log.warning("replayed batch: %d of %d records were written before the restart; "
                 "not written again", len(rows) - len(kept), len(rows))
     return kept
+
+
+# The records a call writes once per transaction: found under another number of the call, a
+# transaction's record on its topic is the one a crashed run wrote.
+_ONE_PER_TRANSACTION = (Kind.VISIBLE, Kind.CHECK, Kind.DISCARD)
+
+
+def _by_transaction_not_written(options: SinkOptions, rows: list[Prepared],
+                                left: list[Prepared], batch_ms: int) -> list[Prepared]:
+    """``left`` less its releases, check requests and discards whose transaction has one on
+    the same topic under another id of the same call: a replay that found a body gone which
+    its crashed run had read numbers its records otherwise (``written_transactions``); the
+    operator counted that body as there for that very record (key_step._not_written_before),
+    and the sink would need it to write the record again."""
+    firsts: dict[str, int] = {}  # each call's first number in this batch: its least one here
+    for row, _ in rows:
+        if row.record_id is not None and (number := row.record_id.rpartition(".")[2]).isdigit():
+            head = row.record_id.rpartition(".")[0]
+            firsts[head] = min(int(number), firsts.get(head, int(number)))
+    def transaction(row: OutputRow, headers: list[tuple[str, bytes]]) -> str | None:
+        if row.record_id is None or row.kind not in _ONE_PER_TRANSACTION:
+            return None
+        # A release's key is its message's; its transaction is named in a header only.
+        txid = (dict(headers).get(H.TRANSACTION_ID) if row.kind == Kind.VISIBLE
+                else transaction_id_of(row, headers))
+        return None if not txid else txid.decode("utf-8", "replace")
+
+    wanted: dict[str, set[str]] = {}
+    for row, headers in left:
+        if (txid := transaction(row, headers)) is not None:
+            wanted.setdefault(row.topic, set()).add(txid)
+    if not wanted:
+        return left
+    found = written_transactions(options.kafka, wanted, batch_ms, firsts)
+
+    def written(row: OutputRow, headers: list[tuple[str, bytes]]) -> bool:
+        return transaction(row, headers) in found.get(row.topic, ())
+
+    return [prepared for prepared in left if not written(*prepared)]
 
 
 def _split_timers(rows: list[OutputRow], timers: dict[int, int | None]

@@ -183,3 +183,41 @@ def test_a_batch_replayed_after_its_commit_was_lost_is_not_written_twice(
     got = sorted(r.value for r in read_topic(kafka, topic))
     assert got == sorted([f"v{n}".encode() for n in range(20)] * copies + [b"vNone"] * 2)
     assert len(read_topic(kafka, history)) == 5 * copies
+
+
+def test_a_replay_numbered_otherwise_finds_its_transactions_records_by_transaction(
+        kafka: KafkaSettings, unique: str) -> None:
+    # A replay that found a body gone the crashed run had read emits other records before the
+    # rest, which it numbers otherwise (decision 0005): a release, check request or discard
+    # of the call is found by its transaction on its topic; a message's own key is no
+    # transaction, and an earlier call's numbers are not this one's.
+    from txstream.sinks.kafka_sink import SinkOptions, send_rows
+
+    from kafka_helpers import output_row
+
+    real, check, tag, batch_ms = f"{unique}-real", f"{unique}-check", "5eed5eed", int(
+        time.time() * 1000)
+
+    def row(kind: str, topic: str, key: bytes, txid: str | None, number: int) -> Any:
+        rid = record_id(tag, 7, batch_ms, number)
+        headers = [(H.RECORD_ID, rid.encode())] + (
+            [(H.TRANSACTION_ID, txid.encode())] if txid else [])
+        return output_row(kind, topic, key, f"{kind}-{key.decode()}-{txid}".encode(),
+                          pack_headers(headers), rid, batch_ms)
+
+    options = SinkOptions(kafka=kafka)
+    send_rows(options, [row("visible", real, b"order-4", "tx-d", 5)])  # an earlier call's
+    send_rows(options, [row("visible", real, b"order-1", "tx-a", 10),
+                        row("check", check, b"tx-b", None, 11)])
+    # The replay: a dead letter first (a body found gone), the rest one number on; a message
+    # whose key is tx-a's id, with no transaction of its own; tx-d's release of this call.
+    commit = send_rows(options, [row("dead_letter", f"{unique}-dlq", b"tx-c", None, 10),
+                                 row("visible", real, b"order-1", "tx-a", 11),
+                                 row("check", check, b"tx-b", None, 12),
+                                 row("visible", real, b"tx-a", None, 13),
+                                 row("visible", real, b"order-4", "tx-d", 14)])
+    assert commit.already_written == 2
+    assert sorted(r.value for r in read_topic(kafka, real)) == [
+        b"visible-order-1-tx-a", b"visible-order-4-tx-d", b"visible-order-4-tx-d",
+        b"visible-tx-a-None"]
+    assert [r.value for r in read_topic(kafka, check)] == [b"check-tx-b-None"]

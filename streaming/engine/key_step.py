@@ -91,7 +91,8 @@ def _not_written_before(kafka: KafkaSettings, topics: Topics, bucket: Bucket,
     topic). The replay must still emit what the first run emitted, which released, checked or
     discarded it: so a body whose release, check request or discard is on its topic under one
     of this batch's record ids (``first_id`` on) counts as there, and the sink, finding that
-    record under its record id, neither writes it again nor needs the body."""
+    record by its transaction on its topic (its number may differ: the bodies gone change
+    what the call emits before it), neither writes it again nor needs the body."""
     if not replay_suspected():
         return gone
     by_topic: dict[str, set[str]] = {}

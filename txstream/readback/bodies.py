@@ -69,7 +69,7 @@ from txstream.schema import OutputRow
 from txstream.wire import H
 
 __all__ = ["BodySource", "ranges", "gone_bodies", "OTHER_RECORD", "needs_body",
-           "with_bodies", "SHORT_SETTLE_S", "settle_clock"]
+           "with_bodies", "SHORT_SETTLE_S", "settle_clock", "transaction_id_of"]
 
 # Wanted offsets at most this far apart are read in one range: reading the records between
 # them costs less than another fetch round trip.
@@ -287,7 +287,7 @@ def needs_body(row: OutputRow) -> bool:
     return _body_at(row) is not None
 
 
-def _transaction_id(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
+def transaction_id_of(row: OutputRow, headers: Sequence[tuple[str, bytes]]) -> bytes | None:
     """The transaction a row is for: a release names it in a header, a check or a discard in
     its key."""
     for name, value in headers:
@@ -320,7 +320,7 @@ def with_bodies(source: BodySource | None, rows: list[Prepared]) -> list[Prepare
             why = source.why_missing(*at)
         elif isinstance(rec, Unreadable):
             why = f"cannot be read: {rec.error}"
-        elif rec.key != _transaction_id(row, headers):
+        elif rec.key != transaction_id_of(row, headers):
             why = OTHER_RECORD
         else:
             out.append((row._replace(value=rec.value), headers))

@@ -18,7 +18,14 @@ How far back to read: the replayed batch's first run wrote nothing before the ba
 (``batch_ms``), and every record an earlier batch wrote was acknowledged before it: each topic
 is read back to there (:func:`txstream.kafka.read_back.read_back`, where a record of this
 coordinator is one with its id tag). A miss can only cost a duplicate, never a loss: a record
-is left out only when its very id was found on its topic.
+is left out only when its very id was found on its topic, or, for a release, check request or
+discard (one per transaction and call), a record of its transaction on its topic under another
+number of the same call.
+
+The same input and state give the same records unless the world the operator reads changed in
+between: a half message's body that retention deleted after the crashed run read it. The
+replay then emits other records for that transaction, and numbers the records after them
+otherwise (:func:`written_transactions`).
 
 Across checkpoints the ids differ (a new checkpoint numbers from its own batch times): a half
 message a new checkpoint reads again is looked for by its transaction id instead, among the
@@ -41,6 +48,7 @@ __all__ = [
     "replay_suspected",
     "written_ids",
     "written_before",
+    "written_transactions",
     "id_tag",
 ]
 
@@ -111,20 +119,37 @@ def written_before(
     settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int, first_id: str
 ) -> set[str]:
     """Which of ``wanted`` ({topic: transaction ids}) a run of this batch wrote a record for
-    already: a release on its real topic (its transaction id header), a check request or a
-    discard (keyed by the transaction id), under an id of this batch's state key numbered from
+    already, on any of their topics, under an id of this batch's state key numbered from
     ``first_id`` on (the ids the key's call takes in this batch)."""
-    wanted = {t: ids for t, ids in wanted.items() if ids}
-    if not wanted:
-        return set()
     prefix, first = first_id.rsplit(".", 1)
+    found = written_transactions(settings, wanted, batch_ms, {prefix: int(first)})
+    return set().union(*found.values())
+
+
+def written_transactions(
+    settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int,
+    firsts: Mapping[str, int]
+) -> dict[str, set[str]]:
+    """Which of ``wanted`` ({topic: transaction ids}) a run of this batch wrote a record for
+    already, by topic: a release on its real topic (its transaction id header), a check
+    request or a discard (keyed by the transaction id), under an id of one of this batch's
+    state keys, ``firsts`` ({id less its number: the first number its call takes in this
+    batch}), numbered from there on, whatever its number.
+
+    A replay that finds a body gone that its crashed run read emits other records for that
+    transaction, and so numbers the records after them otherwise: a transaction's record on
+    its topic under any of the call's numbers is the one the crashed run wrote."""
+    wanted = {t: ids for t, ids in wanted.items() if ids}
+    if not wanted or not firsts:
+        return {}
 
     def of_this_batch(rid: str) -> bool:
         head, _, number = rid.rpartition(".")
-        return head == prefix and number.isdigit() and int(number) >= int(first)
+        return number.isdigit() and int(number) >= firsts.get(head, int(number) + 1)
 
-    return _written(settings, wanted, batch_ms, id_tag(first_id), H.TRANSACTION_ID,
-                    of_this_batch, keyed=True)
+    tag = id_tag(next(iter(firsts)))
+    return {topic: _written(settings, {topic: ids}, batch_ms, tag, H.TRANSACTION_ID,
+                            of_this_batch, keyed=True) for topic, ids in wanted.items()}
 
 
 def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: int, tag: str,
