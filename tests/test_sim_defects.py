@@ -358,7 +358,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("20-in-doubt-unsaid", _in_doubt_unsaid, -205381, "released 2 times"),
     ("21-readers-read-uncommitted", _readers_read_uncommitted, 142,
      "the history says released; it is not on its real topic"),
-    ("22-transactional-id-per-checkpoint", _transactional_id_per_checkpoint, 205381,
+    ("22-transactional-id-per-checkpoint", _transactional_id_per_checkpoint, 359,
      "the history says released; it is not on its real topic"),
     ("23-short-end-is-gone", _short_end_is_gone, 60, "HALF_MESSAGE_LOST while its body"),
     ("23b-short-end-waited-out", _short_end_waited_out, 170,
@@ -376,7 +376,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("guard-replay-check", GUARDS["replay-check"], 6, "released 2 times"),
     ("guard-record-ids", GUARDS["record-ids"], 6, "released 2 times"),
     ("guard-topic-ids", GUARDS["topic-ids"], 264, "never ended"),
-    ("guard-held-look", GUARDS["held-look"], 14721, "released 2 times"),
+    ("guard-held-look", GUARDS["held-look"], 33, "released 2 times"),
 ]
 
 

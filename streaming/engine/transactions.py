@@ -13,7 +13,7 @@ aborts what a killed one left open. A new checkpoint takes the coordinator's id 
 half topic, which only one coordinator reads), not one of its own: its tasks then fence the old
 checkpoint's too, and abort what they left open. An id of its own left a killed task's
 transaction open until its timeout (130 s by default), and every ``read_committed`` reader of
-the partitions it wrote waited that long (the simulation's seed 205381).
+the partitions it wrote waited that long (the simulation's defect case 22).
 """
 
 from __future__ import annotations

@@ -163,6 +163,14 @@ def _stall_real(rng: random.Random, traffic_ms: int) -> list[Fault]:
     return [Fault(at, "crash", arg=(point, appends, "stall", length, back, *then))]
 
 
+def _held_look(rng: random.Random, traffic_ms: int) -> list[Fault]:
+    """A batch dies as it releases; the real partition it released to holds its high
+    watermark below that release, and a new checkpoint looks for it meanwhile (0029 under a
+    held end: the look must wait, not conclude it was never written)."""
+    return [Fault(rng.randrange(traffic_ms), "crash",
+                  arg=("releasing", 1, "stall", rng.choice((2000, 4000)), 5, "fresh"))]
+
+
 def _crash_then_fresh(rng: random.Random, traffic_ms: int) -> list[Fault]:
     """A batch dies as it writes, and a new checkpoint replaces the old one before the batch
     runs again: what it wrote is all a successor can know of it (0029)."""
@@ -219,6 +227,7 @@ _FAMILIES = (
     ("foreign", ("foreign",), 0.2, _foreign),
     ("stall", ("stall",), 0.2, _stall),  # replicated brokers only (not like tansu)
     ("stall-real", ("stall", "crash", "fresh"), 0.15, _stall_real),  # the same
+    ("held-look", ("stall", "crash", "fresh"), 0.1, _held_look),  # the same
 )
 
 
@@ -227,7 +236,7 @@ def _later_faults(seed: int, traffic_ms: int, kinds: tuple[str, ...], replicated
     faults: list[Fault] = []
     for name, needs, probability, draw in _FAMILIES:
         rng = random.Random(f"{seed}:{name}")
-        if name.startswith("stall") and not replicated:
+        if "stall" in needs and not replicated:  # a held high watermark needs replicas
             continue
         if set(needs) <= set(kinds) and rng.random() < probability:
             faults += draw(rng, traffic_ms)
@@ -269,7 +278,10 @@ def scenario(seed: int, kinds: tuple[str, ...] = FAULTS) -> Scenario:
            for f in later):
         # Releases without a key go to any partition: past one whose high watermark is held.
         keyless = random.Random(f"{seed}:keyless")
-        sc.plans = [replace(p, keyless=keyless.random() < 0.5) for p in sc.plans]
+        # A held look's release sent again goes elsewhere only without a key: the held
+        # partition refuses it otherwise, and the batch waits for the look's answer anyway.
+        every = any(f.kind == "crash" and f.arg[0] == "releasing" for f in later)
+        sc.plans = [replace(p, keyless=every or keyless.random() < 0.5) for p in sc.plans]
     if any(f.kind == "foreign" for f in later):
         sc.read_back_chunk = random.Random(seed ^ 0xC4).choice((5, 16, 2000))
     return sc

@@ -20,7 +20,7 @@ from txstream.message import Decision, EndEvent
 from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
 from txstream.streaming.engine.operator import coordinator_function
-from txstream.wire import encode_end
+from txstream.wire import H, encode_end
 
 from sim.actors import Consumer, Producers
 from sim.oracle import (
@@ -36,6 +36,10 @@ from sim.oracle import (
 from sim.scenarios import FAULTS, Fault, Scenario, scenario
 from sim.spark import SimCrash, SparkModel
 from sim.world import T0, World
+
+# A release carries its transaction's id, or at least the coordinator's record id (the
+# observer's rule, sim.oracle): another writer's records carry neither.
+_RELEASE_HEADERS = {H.TRANSACTION_ID, H.UNIQ_KEY, H.RECORD_ID}
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
 
@@ -183,7 +187,8 @@ class Simulation:
     def _stall(self, fault: Fault) -> None:
         index, back, *where = fault.arg
         broker = self.world.broker
-        topic, p = self._last_released() if where else (self.world.topics.half, index)
+        topic, p = ((self.world.topics.half, index) if not where else
+                    where[0] if isinstance(where[0], tuple) else self._last_released())
         count = broker.partition_count(topic) if topic in broker.topic_names() else None
         if count:
             p = p % count
@@ -219,13 +224,21 @@ class Simulation:
             return
         at, appends, *then = self.pending_crash or (None, 0)
         left = [appends]
+        released_to: list[tuple[str, int]] = []  # where a crash "releasing" released last
 
         def on_append(topic: str, partition: int, record: Any) -> None:
+            if at == "releasing":  # it dies at the append after its n-th release's
+                if left[0] <= 0:
+                    raise SimCrash("after releasing")
+                if topic in self.real_topics:
+                    left[0] -= 1
+                    released_to[:] = [(topic, partition)]
+                return
             left[0] -= 1
             if left[0] <= 0:
                 raise SimCrash("while writing")
 
-        if at == "writing":
+        if at in ("writing", "releasing"):
             self.world.broker.on_append = on_append
         released = self._released()
         try:
@@ -237,7 +250,8 @@ class Simulation:
             while self.foreign_after_crash:
                 self._foreign(self.foreign_after_crash.pop())
             if then[:1] == ["stall"]:  # a real partition's high watermark held back
-                self._fault(Fault(0, "stall", then[1], (0, then[2], "real")))
+                where = released_to[0] if released_to else "real"  # else the latest's
+                self._fault(Fault(0, "stall", then[1], (0, then[2], where)))
                 then = then[3:]
             if then == ["fresh"]:
                 self._fault(Fault(0, "fresh"))
@@ -257,9 +271,9 @@ class Simulation:
         if report is None:
             return  # no batch ran: a crash due waits for one
         self.unreplayed = 0  # a batch committed: the crashed one's replay, if one crashed
-        if at == "writing" and left[0] < appends:
+        if at in ("writing", "releasing") and left[0] < appends:
             self.pending_crash = None  # it wrote fewer records than the crash waited for
-        elif at != "writing":
+        elif at not in ("writing", "releasing"):
             self.pending_crash = None
         self.report.batches += 1
         self.report.replays += report.replay
@@ -269,13 +283,17 @@ class Simulation:
                    self.fresh_at)
 
     def _released(self) -> int:
-        """How many records the real topics hold (with transactions, the committed ones: an
-        aborted or still open transaction's releases are no one's to count)."""
+        """How many releases the real topics hold (with transactions, the committed ones: an
+        aborted or still open transaction's releases are no one's to count). Another
+        writer's records are not releases: a transaction aborted or committed in a batch
+        makes the ones it held back visible then, as if the batch had written them."""
         broker = self.world.broker
         parts = [(topic, p) for topic in self.real_topics
                  for p in range(broker.partition_count(topic) or 0)]
         if self.world.committed:
-            return sum(len(self.world.visible(topic, p)) for topic, p in parts)
+            return sum(1 for topic, p in parts for rec in self.world.visible(topic, p)
+                       if any(name in _RELEASE_HEADERS for name, _ in rec.headers))
+        # Without transactions nothing shows late: the step's appends are all its own.
         return sum(broker.end_offset(topic, p) for topic, p in parts)
 
     def _read_backlog(self) -> None:
