@@ -27,9 +27,9 @@ demo-recovery: setup
 WORKERS ?= 3
 FAST_WORKERS ?= 2
 # Schedules of the simulation in the fast tier (make test plays 1,000).
-FAST_SIM_SEEDS ?= 300
+FAST_SIM_SEEDS ?= 100
 
-# Everything that needs neither Spark nor a broker (the simulation included): 2-3 min on 2 cores.
+# Everything that needs neither Spark nor a broker (the simulation included): ~1 min on 2 cores.
 test-fast: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -118,3 +118,12 @@ def test_the_sinks_stall_is_the_one_decision_0032_states() -> None:
     text = " ".join((REPO / "docs" / "decisions" / "0032-transactions.md").read_text().split())
     assert f"`STALL_S` ({STALL_S:.0f} s," in text
     assert f"the flush timeout ({SinkOptions.flush_timeout_s:.0f} s)" in text
+
+
+def test_the_readme_says_how_many_schedules_make_test_fast_plays() -> None:
+    root = Path(__file__).resolve().parent.parent
+    [seeds] = re.findall(r"^FAST_SIM_SEEDS \?= (\d+)$", (root / "Makefile").read_text(), re.M)
+    for doc in ("README.md", "CONTRIBUTING.md"):
+        line = next(x for x in (root / doc).read_text().splitlines() if "`make test-fast`" in x
+                    and x.startswith("|"))
+        assert f"{seeds} simulated schedules" in line, (doc, line)
