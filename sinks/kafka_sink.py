@@ -48,7 +48,7 @@ from txstream.kafka import KafkaSettings
 from txstream.options import parse_options
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.readback.bodies import BodySource, transaction_id_of, with_bodies
-from txstream.readback.replay import replay_suspected, written_ids, written_transactions
+from txstream.readback.replay import replay_suspected, written
 from txstream.schema import OUTPUT_SCHEMA, Kind, OutputRow
 from txstream.sinks.delivery import Delivery, Prepared, RefusedRelease, make_sink_producer
 from txstream.sinks.refusal_log import record as refusal_record
@@ -151,25 +151,37 @@ def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepare
 
     A record the broker refused went to the dead-letter topic under its own id
     (:mod:`txstream.sinks.delivery`): its id is looked for there too, so a replay neither
-    dead-letters it twice nor writes it after all."""
-    wanted: dict[str, set[str]] = {}
+    dead-letters it twice nor writes it after all. A release, check request or discard is
+    also found by its transaction on its topic under another number of the same call: a
+    replay that found a body gone which its crashed run had read numbers its records
+    otherwise (``replay.written``); the operator counted that body as there for that very
+    record (key_step._not_written_before), and the sink would need it to write it again."""
+    ids: dict[str, set[str]] = {}
+    transactions: dict[str, set[str]] = {}
+    firsts: dict[str, int] = {}  # each call's first number in this batch: its least one here
     batch_ms: int | None = None
-    for row, _ in rows:
-        if row.record_id is not None and row.batch_ms is not None:
-            wanted.setdefault(row.topic, set()).add(row.record_id)
-            if options.dead_letter_topic and row.topic != options.dead_letter_topic:
-                wanted.setdefault(options.dead_letter_topic, set()).add(row.record_id)
-            batch_ms = row.batch_ms if batch_ms is None else min(batch_ms, row.batch_ms)
+    for row, headers in rows:
+        if row.record_id is None or row.batch_ms is None:
+            continue
+        ids.setdefault(row.topic, set()).add(row.record_id)
+        if options.dead_letter_topic and row.topic != options.dead_letter_topic:
+            ids.setdefault(options.dead_letter_topic, set()).add(row.record_id)
+        if (txid := _transaction(row, headers)) is not None:
+            transactions.setdefault(row.topic, set()).add(txid)
+        head, _, number = row.record_id.rpartition(".")
+        if number.isdigit():
+            firsts[head] = min(int(number), firsts.get(head, int(number)))
+        batch_ms = row.batch_ms if batch_ms is None else min(batch_ms, row.batch_ms)
     if batch_ms is None:
         return rows
     try:
-        found = written_ids(options.kafka, wanted, batch_ms)
-        kept = [prepared for prepared in rows if prepared[0].record_id not in found]
-        kept = _by_transaction_not_written(options, rows, kept, batch_ms)
+        found_ids, found = written(options.kafka, ids, transactions, batch_ms, firsts)
     except Exception as exc:
         # Writing blind would duplicate: fail the batch, it is tried again on restart.
         raise SendFailed(f"cannot tell what this replayed batch already wrote: "
                          f"{type(exc).__name__}: {exc}") from exc
+    kept = [(row, headers) for row, headers in rows if row.record_id not in found_ids
+            and _transaction(row, headers) not in found.get(row.topic, ())]
     if len(kept) == len(rows):
         return rows
     log.warning("replayed batch: %d of %d records were written before the restart; "
@@ -182,38 +194,14 @@ def _not_yet_written(options: SinkOptions, rows: list[Prepared]) -> list[Prepare
 _ONE_PER_TRANSACTION = (Kind.VISIBLE, Kind.CHECK, Kind.DISCARD)
 
 
-def _by_transaction_not_written(options: SinkOptions, rows: list[Prepared],
-                                left: list[Prepared], batch_ms: int) -> list[Prepared]:
-    """``left`` less its releases, check requests and discards whose transaction has one on
-    the same topic under another id of the same call: a replay that found a body gone which
-    its crashed run had read numbers its records otherwise (``written_transactions``); the
-    operator counted that body as there for that very record (key_step._not_written_before),
-    and the sink would need it to write the record again."""
-    firsts: dict[str, int] = {}  # each call's first number in this batch: its least one here
-    for row, _ in rows:
-        if row.record_id is not None and (number := row.record_id.rpartition(".")[2]).isdigit():
-            head = row.record_id.rpartition(".")[0]
-            firsts[head] = min(int(number), firsts.get(head, int(number)))
-    def transaction(row: OutputRow, headers: list[tuple[str, bytes]]) -> str | None:
-        if row.record_id is None or row.kind not in _ONE_PER_TRANSACTION:
-            return None
-        # A release's key is its message's; its transaction is named in a header only.
-        txid = (dict(headers).get(H.TRANSACTION_ID) if row.kind == Kind.VISIBLE
-                else transaction_id_of(row, headers))
-        return None if not txid else txid.decode("utf-8", "replace")
-
-    wanted: dict[str, set[str]] = {}
-    for row, headers in left:
-        if (txid := transaction(row, headers)) is not None:
-            wanted.setdefault(row.topic, set()).add(txid)
-    if not wanted:
-        return left
-    found = written_transactions(options.kafka, wanted, batch_ms, firsts)
-
-    def written(row: OutputRow, headers: list[tuple[str, bytes]]) -> bool:
-        return transaction(row, headers) in found.get(row.topic, ())
-
-    return [prepared for prepared in left if not written(*prepared)]
+def _transaction(row: OutputRow, headers: list[tuple[str, bytes]]) -> str | None:
+    """The transaction of a row written once per transaction and call, if it is one."""
+    if row.record_id is None or row.kind not in _ONE_PER_TRANSACTION:
+        return None
+    # A release's key is its message's; its transaction is named in a header only.
+    txid = (dict(headers).get(H.TRANSACTION_ID) if row.kind == Kind.VISIBLE
+            else transaction_id_of(row, headers))
+    return None if not txid else txid.decode("utf-8", "replace")
 
 
 def _split_timers(rows: list[OutputRow], timers: dict[int, int | None]

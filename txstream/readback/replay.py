@@ -25,7 +25,7 @@ number of the same call.
 The same input and state give the same records unless the world the operator reads changed in
 between: a half message's body that retention deleted after the crashed run read it. The
 replay then emits other records for that transaction, and numbers the records after them
-otherwise (:func:`written_transactions`).
+otherwise (:func:`written`).
 
 Across checkpoints the ids differ (a new checkpoint numbers from its own batch times): a half
 message a new checkpoint reads again is looked for by its transaction id instead, among the
@@ -48,7 +48,7 @@ __all__ = [
     "replay_suspected",
     "written_ids",
     "written_before",
-    "written_transactions",
+    "written",
     "id_tag",
 ]
 
@@ -78,41 +78,54 @@ def replay_suspected() -> bool:
     return int(batch) == first
 
 
+class _Sought:
+    """What one topic is read back for: record ids, and transactions (a release's id header,
+    a check request's or discard's key) under record ids that ``count``; what was found."""
+
+    def __init__(self, ids: set[str], transactions: set[str],
+                 count: Callable[[str], bool]) -> None:
+        self.ids, self.transactions, self.count = ids, transactions, count
+        self.found_ids: set[str] = set()
+        self.found_transactions: set[str] = set()
+
+    def missing(self) -> int:
+        return len(self.ids - self.found_ids) + len(self.transactions - self.found_transactions)
+
+    def take(self, rec: ConsumerRecord, rid: str) -> None:
+        if rid in self.ids:
+            self.found_ids.add(rid)
+        if not self.transactions or not self.count(rid):
+            return
+        value = header_text(rec.headers, H.TRANSACTION_ID)
+        if value is not None and value in self.transactions:
+            self.found_transactions.add(value)
+        elif rec.key is not None and (key := bytes(rec.key).decode(
+                "utf-8", "replace")) in self.transactions:
+            self.found_transactions.add(key)
+
+
 def _scan_partition(consumers: PatientConsumer, topic: str, partition: int, end: int,
-                    wanted: set[str], tag: str, since_ms: int, header: str,
-                    counts: Callable[[str], bool], keyed: bool) -> set[str]:
-    """The ``header`` values of ``wanted`` (``keyed``: or record keys) on records of this
-    coordinator (``tag``) whose ids ``counts``, read back from ``end`` to ``since_ms``."""
+                    tag: str, since_ms: int, sought: _Sought) -> None:
+    """Reads the partition back from ``end`` to ``since_ms`` into ``sought``, among the
+    records of this coordinator (``tag``)."""
     def own(rec: ConsumerRecord) -> bool:
         rid = header_text(rec.headers, H.RECORD_ID)
         return rid is not None and id_tag(rid) == tag
 
-    found: set[str] = set()
     for chunk in read_back(consumers, topic, partition, end, since_ms, own, _READ_TIMEOUT_S):
         for rec in chunk:
             rid = header_text(rec.headers, H.RECORD_ID)
-            if rid is None or id_tag(rid) != tag or not counts(rid):
-                continue
-            value = rid if header == H.RECORD_ID else header_text(rec.headers, header)
-            if value is not None and value in wanted:
-                found.add(value)
-            elif keyed and rec.key is not None and (key := bytes(rec.key).decode(
-                    "utf-8", "replace")) in wanted:
-                found.add(key)
-        if found >= wanted:
+            if rid is not None and id_tag(rid) == tag:
+                sought.take(rec, rid)
+        if not sought.missing():
             break
-    return found
 
 
 def written_ids(
     settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int
 ) -> set[str]:
     """Which of ``wanted`` ({topic: record ids}) are already on their topics."""
-    wanted = {t: ids for t, ids in wanted.items() if ids}
-    if not wanted:
-        return set()
-    return _written(settings, wanted, batch_ms, id_tag(next(iter(next(iter(wanted.values()))))),
-                    H.RECORD_ID)
+    return written(settings, wanted, {}, batch_ms, {})[0]
 
 
 def written_before(
@@ -122,54 +135,53 @@ def written_before(
     already, on any of their topics, under an id of this batch's state key numbered from
     ``first_id`` on (the ids the key's call takes in this batch)."""
     prefix, first = first_id.rsplit(".", 1)
-    found = written_transactions(settings, wanted, batch_ms, {prefix: int(first)})
+    found = written(settings, {}, wanted, batch_ms, {prefix: int(first)})[1]
     return set().union(*found.values())
 
 
-def written_transactions(
-    settings: KafkaSettings, wanted: Mapping[str, set[str]], batch_ms: int,
-    firsts: Mapping[str, int]
-) -> dict[str, set[str]]:
-    """Which of ``wanted`` ({topic: transaction ids}) a run of this batch wrote a record for
-    already, by topic: a release on its real topic (its transaction id header), a check
-    request or a discard (keyed by the transaction id), under an id of one of this batch's
-    state keys, ``firsts`` ({id less its number: the first number its call takes in this
-    batch}), numbered from there on, whatever its number.
+def written(
+    settings: KafkaSettings, ids: Mapping[str, set[str]], transactions: Mapping[str, set[str]],
+    batch_ms: int, firsts: Mapping[str, int]
+) -> tuple[set[str], dict[str, set[str]]]:
+    """What a run of this batch wrote already, each topic read back once: which of ``ids``
+    ({topic: record ids}) are on their topics, and by topic, which of ``transactions``
+    ({topic: transaction ids}) have a record there (a release on its real topic, by its
+    transaction id header; a check request or a discard, keyed by the transaction id) under
+    an id of one of this batch's state keys, ``firsts`` ({id less its number: the first
+    number its call takes in this batch}), numbered from there on, whatever its number.
 
     A replay that finds a body gone that its crashed run read emits other records for that
     transaction, and so numbers the records after them otherwise: a transaction's record on
     its topic under any of the call's numbers is the one the crashed run wrote."""
-    wanted = {t: ids for t, ids in wanted.items() if ids}
-    if not wanted or not firsts:
-        return {}
-
     def of_this_batch(rid: str) -> bool:
         head, _, number = rid.rpartition(".")
         return number.isdigit() and int(number) >= firsts.get(head, int(number) + 1)
 
-    tag = id_tag(next(iter(firsts)))
-    return {topic: _written(settings, {topic: ids}, batch_ms, tag, H.TRANSACTION_ID,
-                            of_this_batch, keyed=True) for topic, ids in wanted.items()}
+    sought = {topic: _Sought(set(ids.get(topic, ())), set(transactions.get(topic, ())) if
+                             firsts else set(), of_this_batch)
+              for topic in {*ids, *transactions}}
+    sought = {topic: s for topic, s in sought.items() if s.missing()}
+    if not sought:
+        return set(), {}
+    some_id = next((i for found in ids.values() for i in found), None)
+    _read_back_into(settings, sought, batch_ms, id_tag(some_id or next(iter(firsts))))
+    return (set().union(*(s.found_ids for s in sought.values())),
+            {topic: s.found_transactions for topic, s in sought.items()})
 
 
-def _written(settings: KafkaSettings, wanted: Mapping[str, set[str]], since_ms: int, tag: str,
-             header: str, counts: Callable[[str], bool] = lambda rid: True,
-             keyed: bool = False) -> set[str]:
-    """``header`` values (record ids, or transaction ids) of ``wanted`` found on their topics,
-    each topic read back to ``since_ms``."""
+def _read_back_into(settings: KafkaSettings, sought: Mapping[str, _Sought], since_ms: int,
+                    tag: str) -> None:
+    """Each topic of ``sought`` read back to ``since_ms``, once."""
     # The process's clients, kept for the next task's check: making them costs a round trip
     # or three (~150 ms on Apache Kafka), more than most checks' reading.
     key = settings.key
     probe = EndProbe(settings, role="sink", kept_as=("replay-ends", key))
     consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK,
                                 kept_as=("replay", key))
-    found: set[str] = set()
-    for topic, ids in wanted.items():
+    for topic, one in sought.items():
         # A topic that does not exist yet holds nothing (the sink's first write creates it).
         ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
         for (_, partition), end in sorted(ends.items()):
-            found |= _scan_partition(consumers, topic, partition, end, ids - found, tag,
-                                     since_ms, header, counts, keyed)
-        if ends and ids - found:
-            unless_held(settings, topic, f"{len(ids - found)} record(s) were written")
-    return found
+            _scan_partition(consumers, topic, partition, end, tag, since_ms, one)
+        if ends and one.missing():
+            unless_held(settings, topic, f"{one.missing()} record(s) were written")
