@@ -28,8 +28,8 @@ from txstream.kafka.memory import (
     LOG_APPEND_TIME,
     MemoryBroker,
     UnsupportedByMemoryBroker,
-    lookup,
 )
+from txstream.kafka.memory_registry import lookup
 from txstream.schema import Kind
 from txstream.wire import H
 

@@ -6,7 +6,8 @@ import random
 from bisect import bisect_left
 from typing import Any, NamedTuple
 
-from txstream.kafka.memory import MemoryBroker, register, unregister
+from txstream.kafka.memory import MemoryBroker
+from txstream.kafka.memory_registry import register, unregister
 from txstream.topics import Topics
 
 __all__ = ["World", "T0", "Rec"]

@@ -17,7 +17,6 @@ from typing import Any, Generic, TypeVar, cast
 from kafka import KafkaConsumer, KafkaProducer
 
 from txstream.errors import BrokerUnavailable
-from txstream.kafka.memory import is_memory
 from txstream.kafka.memory_clients import (
     MemoryProducer,
     check_memory_broker,
@@ -25,6 +24,7 @@ from txstream.kafka.memory_clients import (
     memory_consumer,
     memory_producer,
 )
+from txstream.kafka.memory_registry import is_memory
 from txstream.kafka.protocols import Admin, Consumer, KafkaClient, Producer
 from txstream.kafka.settings import KafkaSettings
 

@@ -91,6 +91,7 @@ from types import TracebackType
 from typing import Any
 
 from txstream.errors import ConfigError, TxStreamError
+from txstream.kafka.memory_faults import PartitionFaults
 from txstream.kafka.memory_log import (
     CREATE_TIME,
     DEFAULT_RETENTION_MS,
@@ -102,6 +103,7 @@ from txstream.kafka.memory_log import (
     Topic,
 )
 from txstream.kafka.memory_metadata import ClientMetadata
+from txstream.kafka.memory_registry import MEMORY_SCHEME, register, unregister
 from txstream.kafka.memory_transactions import (
     PartitionTransactions,
     ProducerToken,
@@ -110,7 +112,6 @@ from txstream.kafka.memory_transactions import (
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = [
-    "MEMORY_SCHEME",
     "CREATE_TIME",
     "LOG_APPEND_TIME",
     "DEFAULT_RETENTION_MS",
@@ -119,14 +120,8 @@ __all__ = [
     "StoredRecord",
     "FetchAnswer",
     "UnsupportedByMemoryBroker",
-    "register",
-    "unregister",
-    "lookup",
-    "is_memory",
-    "broker_name",
 ]
 
-MEMORY_SCHEME = "memory://"
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 Clock = Callable[[], int]
 
@@ -135,9 +130,9 @@ class UnsupportedByMemoryBroker(TxStreamError, NotImplementedError):
     """A client call the in-memory broker does not implement (consumer groups)."""
 
 
-class MemoryBroker:
+class MemoryBroker(PartitionFaults):
     """One in-memory Kafka broker, registered under ``name`` while used as a context manager
-    (or between :func:`register` and :func:`unregister`).
+    (or between :func:`txstream.kafka.memory_registry.register` and ``unregister``).
 
     ``clock()``: the broker's time in ms. ``rng``: every random choice (default: seeded 0).
     ``auto_create``: topics are created on first produce or metadata request naming them,
@@ -172,9 +167,7 @@ class MemoryBroker:
         self.on_append: Callable[[str, int, StoredRecord], None] | None = None
         # Producers' clocks by client id (the simulation skews them); default: the broker's.
         self.client_clocks: dict[str, Clock] = {}
-        self._in_doubt = 0
-        self._refusing: dict[tuple[str, int], int] = {}  # partition -> refuses until (ms)
-        self._holding: dict[tuple[str, int], int] = {}  # partition -> holds its HW until (ms)
+        self._init_faults()
         self._topics: dict[str, Topic] = {}
         self.transactions = TransactionCoordinator(clock)
 
@@ -293,10 +286,7 @@ class MemoryBroker:
         log.append(*record[1:])
         if producer is not None:
             log.txn.wrote(producer.producer_id, record.offset)
-        if self._in_doubt > 0:
-            self._in_doubt -= 1
-            return False
-        return True
+        return not self._take_in_doubt()
 
     def join_transaction(self, producer: ProducerToken, topic: str, partition: int) -> None:
         """AddPartitionsToTxn (ProducerFencedError for a fenced producer)."""
@@ -379,80 +369,9 @@ class MemoryBroker:
         found = self._topic(topic)
         return sum(log.compact() for log in found.logs) if "compact" in found.policy() else 0
 
-    # --- faults ------------------------------------------------------------------------------
-
-    def in_doubt_next(self, count: int = 1) -> None:
-        """The next ``count`` records clients append are stored, but their acknowledgement is
-        lost: the send fails with a timeout although the record is there."""
-        self._in_doubt += count
-
-    def refuse_appends(self, topic: str, partition: int, until_ms: int) -> None:
-        """Clients' appends to one partition are not taken until ``until_ms`` (the broker's
-        clock), while every other partition takes them: a partition whose leader is being
-        elected, or with fewer in-sync replicas than ``min.insync.replicas``. A producer keeps
-        such a record waiting, and it expires as any undelivered record does."""
-        self._refusing[(topic, partition)] = until_ms
-
-    def refuses(self, topic: str, partition: int) -> bool:
-        """Whether clients' appends to the partition are refused now."""
-        until = self._refusing.get((topic, partition))
-        return until is not None and self.clock() < until
-
-    def hold_high_watermark(self, topic: str, partition: int, at: int, until_ms: int) -> None:
-        """Until ``until_ms``, one partition's leader has fewer in-sync replicas than
-        ``min.insync.replicas`` and keeps its high watermark at ``at`` (Kafka 4, KIP-966: a
-        leader elected from the last replica in sync learnt it a fetch late): records it
-        acknowledged past ``at`` are stored, not handed out; appends are refused; the
-        metadata shows one replica of two in sync (``in_sync``)."""
-        self._log(topic, partition).held = at
-        self._holding[(topic, partition)] = until_ms
-        self.refuse_appends(topic, partition, until_ms)
-
-    def in_sync(self, topic: str, partition: int) -> int:
-        """How many of the partition's ``replicas`` are in sync now."""
-        self.release_holds()
-        return 1 if (topic, partition) in self._holding else self.replicas
-
-    def release_holds(self) -> None:
-        """Partitions whose replicas are back in sync hand out all they acknowledged."""
-        now = self.clock()
-        for (topic, partition), until in list(self._holding.items()):
-            if now >= until:
-                del self._holding[(topic, partition)]
-                found = self._topics.get(topic)
-                if found is not None and partition < len(found.logs):
-                    found.logs[partition].held = None
-
     def check_up(self, what: str = "answer") -> None:
         """Raise kafka-python's timeout when the broker is down."""
         from kafka.errors import KafkaTimeoutError
 
         if self.down:
             raise KafkaTimeoutError(f"Failed to get {what}: memory broker {self.name} is down")
-
-
-# --- the registry: the only global state ---------------------------------------------------
-
-_REGISTRY: dict[str, MemoryBroker] = {}
-
-
-def register(broker: MemoryBroker) -> None:
-    if _REGISTRY.get(broker.name, broker) is not broker:
-        raise ValueError(f"another memory broker is registered as {broker.name}")
-    _REGISTRY[broker.name] = broker
-
-
-def unregister(name: str) -> None:
-    _REGISTRY.pop(name, None)
-
-
-def lookup(name: str) -> MemoryBroker | None:
-    return _REGISTRY.get(name)
-
-
-def is_memory(settings: KafkaSettings) -> bool:
-    return settings.bootstrap_servers.startswith(MEMORY_SCHEME)
-
-
-def broker_name(settings: KafkaSettings) -> str:
-    return settings.bootstrap_servers[len(MEMORY_SCHEME):]

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from txstream.kafka.errors import UnknownTopicOrPartitionError, for_code
-from txstream.kafka.memory import MEMORY_SCHEME, MemoryBroker, UnsupportedByMemoryBroker
+from txstream.kafka.memory import MemoryBroker, UnsupportedByMemoryBroker
+from txstream.kafka.memory_registry import MEMORY_SCHEME
 
 __all__ = ["MemoryAdmin"]
 

@@ -43,11 +43,10 @@ from txstream.kafka.memory import (
     MemoryBroker,
     StoredRecord,
     UnsupportedByMemoryBroker,
-    broker_name,
-    lookup,
 )
 from txstream.kafka.memory_admin import MemoryAdmin
 from txstream.kafka.memory_consumer import MemoryConsumer
+from txstream.kafka.memory_registry import broker_name, lookup
 from txstream.kafka.memory_transactions import ProducerToken, TransactionManager
 from txstream.kafka.protocols import (
     Admin,
