@@ -19,14 +19,12 @@ class PartitionFaults:
     clock: Callable[[], int]
     replicas: int
     _topics: dict[str, Topic]
+    _log: Callable[[str, int], PartitionLog]  # a partition's log (created if need be)
 
     def _init_faults(self) -> None:
         self._in_doubt = 0
         self._refusing: dict[tuple[str, int], int] = {}  # partition -> refuses until (ms)
         self._holding: dict[tuple[str, int], int] = {}  # partition -> holds its HW until (ms)
-
-    def _log(self, topic: str, partition: int) -> PartitionLog:
-        raise NotImplementedError  # the broker's
 
     def _take_in_doubt(self) -> bool:
         """Whether the append being made is one whose acknowledgement is lost."""
