@@ -178,10 +178,17 @@ def _read_back_into(settings: KafkaSettings, sought: Mapping[str, _Sought], sinc
     probe = EndProbe(settings, role="sink", kept_as=("replay-ends", key))
     consumers = PatientConsumer(settings, role="sink", max_poll_records=READ_BACK_CHUNK,
                                 kept_as=("replay", key))
-    for topic, one in sought.items():
+    found: set[str] = set()
+    # An id is sought on two topics (its own, the dead letters'): the topic where fewer are
+    # sought comes first, and one found there is no longer sought elsewhere.
+    for topic, one in sorted(sought.items(), key=lambda item: item[1].missing()):
+        one.ids -= found
+        if not one.missing():
+            continue
         # A topic that does not exist yet holds nothing (the sink's first write creates it).
         ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
         for (_, partition), end in sorted(ends.items()):
             _scan_partition(consumers, topic, partition, end, tag, since_ms, one)
+        found |= one.found_ids
         if ends and one.missing():
             unless_held(settings, topic, f"{one.missing()} record(s) were written")
