@@ -2,7 +2,8 @@
 
 One ``spark-submit --master spark://...`` of ``txstream run`` with a ``file://`` checkpoint URI
 serves both tests: RocketMQ's example through it, then an executor SIGKILLed while
-transactions are in flight. The figures are printed (``pytest -m cluster -s``).
+transactions are in flight (the submission started again if the kill fails its batch, as a
+supervisor would). The figures are printed (``pytest -m cluster -s``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class Submitted:
     ui_port: int
     start_seconds: float
     cluster: StandaloneCluster
+    start: Callable[[Path], CoordinatorProcess]  # the same submission again, as a supervisor
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +69,16 @@ def submitted(cluster: StandaloneCluster, kafka: KafkaSettings,
     args = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic-prefix", topics.prefix,
             "--checkpoint-dir", (root / "cp").as_uri(), "--log-level", "WARN", *POLICY]
     command = submit_command(cluster, "spark.ui.enabled=true", f"spark.ui.port={ui_port}")
-    process = CoordinatorProcess(args, root / "driver.log", command=command, cwd=cwd).start()
+    def start(log: Path) -> CoordinatorProcess:
+        return CoordinatorProcess(args, log, command=command, cwd=cwd).start()
+
+    submitted = Submitted(start(root / "driver.log"), topics, root / "cp", cwd, ui_port, 0.0,
+                          cluster, start)
     try:
-        seconds = started_coordinator(process)
-        yield Submitted(process, topics, root / "cp", cwd, ui_port, seconds, cluster)
+        submitted.start_seconds = started_coordinator(submitted.process)
+        yield submitted
     finally:
-        process.terminate()
+        submitted.process.terminate()
 
 
 def _app(ui_port: int) -> str:
@@ -127,6 +133,28 @@ def _transactions(topics: Topics, group: str, real: str, n: int) -> tuple[dict[s
     return plan, [half_record(topics, txid, group, real, f"m{txid}".encode()) for txid in plan]
 
 
+def _caught_up_supervised(submitted: Submitted, caught_up: Callable[[], bool],
+                          timeout_s: float = 180.0) -> int:
+    """Wait for ``caught_up``, starting the coordinator again as a supervisor would if it
+    failed as designed: an executor killed while a batch reads its shuffle takes that
+    shuffle's files with it, and txstream refuses a stage run again (decision 0005), so the
+    query fails and its next run replays the batch. Any other exit fails the test. The
+    number of restarts."""
+    restarts, deadline = 0, time.monotonic() + timeout_s
+    while not caught_up():
+        assert time.monotonic() < deadline, f"not caught up within {timeout_s:.0f} s"
+        if not submitted.process.running:
+            said = submitted.process.output()
+            assert "has failed the maximum allowable number of times: 1" in said, said[-3000:]
+            assert restarts < 2, said[-3000:]
+            restarts += 1
+            submitted.process = submitted.start(
+                submitted.checkpoint.parent / f"driver-{restarts}.log")
+            started_coordinator(submitted.process)
+        time.sleep(1)
+    return restarts
+
+
 def test_an_executor_killed_mid_stream_loses_no_commit_and_shows_no_rollback(
     submitted: Submitted, kafka: KafkaSettings
 ) -> None:
@@ -150,12 +178,13 @@ def test_an_executor_killed_mid_stream_loses_no_commit_and_shows_no_rollback(
     produce(kafka, [end_record(topics, t, group, d) for t, d in after.items()])
     plan = {**before, **after}
     commits = {t for t, d in plan.items() if d is Decision.COMMIT_MESSAGE}
-    wait_until(lambda: set(_visible(kafka, real)) >= commits, timeout_s=180, interval_s=1)
+    restarts = _caught_up_supervised(submitted, lambda: set(_visible(kafka, real)) >= commits)
     time.sleep(3)  # a late duplicate or rollback would show by now
     visible = _visible(kafka, real)
     figures = {"before_kill": len(before), "after_kill": len(after), "commits": len(commits),
                "rollbacks": len(plan) - len(commits), "killed": killed,
                "replacement": replaced, "replaced_in_s": round(replaced_s, 1),
+               "coordinator_restarts": restarts,
                "lost": len(commits - set(visible)),
                "visible_rollbacks": len(set(visible) - commits),
                "duplicates": sum(n - 1 for n in visible.values())}
