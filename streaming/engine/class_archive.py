@@ -47,7 +47,7 @@ def _java() -> str:
 def _stamp(jar: Path) -> str:
     """What the JVM checks of a class-path entry before it maps an archive: its path, size
     and time. An archive of a checkout elsewhere, or of a venv installed again, is another
-    archive (a copied cache used to hand its old one to a new checkout, which refused it)."""
+    archive: a cache copied to a new checkout never hands it one the JVM refuses."""
     try:
         found = jar.stat()
     except OSError:

@@ -36,7 +36,7 @@ from txstream.wire import H
 
 from sim.actors import Ledger
 
-__all__ = ["Violation", "Observed", "Observer", "observe", "check_step", "check_end",
+__all__ = ["Violation", "is_release", "Observed", "Observer", "observe", "check_step", "check_end",
            "check_metrics", "check_dead_letters", "check_requests_answered", "lost_copy_owed",
            "unknowable"]
 
@@ -69,6 +69,12 @@ class Observed:
         return min(halves) if halves else None
 
 
+
+def is_release(headers: Any) -> bool:
+    """A release carries its transaction's id, or at least the coordinator's record id:
+    another writer's records on a real topic carry neither."""
+    return any(name in (H.TRANSACTION_ID, H.UNIQ_KEY, H.RECORD_ID) for name, _ in headers)
+
 class Observer:
     """Reads what the coordinator wrote as it comes (each record once)."""
 
@@ -84,7 +90,7 @@ class Observer:
             for rec in self._new(topic):
                 h = header_dict(rec.headers)
                 txid = h.get(H.TRANSACTION_ID) or h.get(H.UNIQ_KEY)
-                if txid is None and H.RECORD_ID not in h:
+                if not is_release(rec.headers):
                     continue  # another writer's record (the fault "foreign")
                 seen.released.setdefault(txid or "", []).append(rec)
                 seen.changed.add(txid or "")

@@ -20,7 +20,7 @@ from txstream.message import Decision, EndEvent
 from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
 from txstream.streaming.engine.operator import coordinator_function
-from txstream.wire import H, encode_end
+from txstream.wire import encode_end
 
 from sim.actors import Consumer, Producers
 from sim.oracle import (
@@ -30,16 +30,13 @@ from sim.oracle import (
     check_metrics,
     check_requests_answered,
     check_step,
+    is_release,
     lost_copy_owed,
     unknowable,
 )
 from sim.scenarios import FAULTS, Fault, Scenario, scenario
 from sim.spark import SimCrash, SparkModel
 from sim.world import T0, World
-
-# A release carries its transaction's id, or at least the coordinator's record id (the
-# observer's rule, sim.oracle): another writer's records carry neither.
-_RELEASE_HEADERS = {H.TRANSACTION_ID, H.UNIQ_KEY, H.RECORD_ID}
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
 
@@ -292,7 +289,7 @@ class Simulation:
                  for p in range(broker.partition_count(topic) or 0)]
         if self.world.committed:
             return sum(1 for topic, p in parts for rec in self.world.visible(topic, p)
-                       if any(name in _RELEASE_HEADERS for name, _ in rec.headers))
+                       if is_release(rec.headers))
         # Without transactions nothing shows late: the step's appends are all its own.
         return sum(broker.end_offset(topic, p) for topic, p in parts)
 
