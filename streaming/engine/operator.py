@@ -51,8 +51,9 @@ def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]
     parts = [f for f in frames if len(f)]
     if not parts:
         return ()
-    frame = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
-    columns = [frame[name].to_numpy() for name in INPUT]
+    # Column by column: a key's rows in several frames (Arrow batches) need no pd.concat.
+    columns = [parts[0][name].to_numpy() if len(parts) == 1
+               else np.concatenate([f[name].to_numpy() for f in parts]) for name in INPUT]
     kind, partition, offset = columns[0], columns[1], columns[2]
     order = np.lexsort((offset, partition, _RANK[kind.astype(np.int64)]))
     return zip(*(column[order].tolist() for column in columns), strict=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -295,19 +296,24 @@ class SparkModel:
 
 
 def _record_batch(frames: list[pd.DataFrame]) -> pa.RecordBatch:
-    """A task's output frames as one Arrow batch, converted column by column as PySpark's
-    serializer does (``pa.Array.from_pandas`` with the output schema's type); twice as fast
-    as concatenating the frames in pandas first."""
-    columns: list[list[pa.Array]] = [[] for _ in _OUTPUT_ARROW]
-    for frame in frames:
-        if frame.empty:
-            continue
-        for i, (_, series) in enumerate(frame.items()):
-            columns[i].append(pa.Array.from_pandas(series, type=_OUTPUT_ARROW.field(i).type))
-    if not columns[0]:
+    """A task's output frames as one Arrow batch, the same batch PySpark's serializer makes
+    (``pa.Array.from_pandas`` with the output schema's type). Each column's arrays are joined
+    first and converted once: per frame and column it cost the simulation a tenth of its time."""
+    frames = [frame for frame in frames if len(frame)]
+    if not frames:
         return pa.RecordBatch.from_pylist([], schema=_OUTPUT_ARROW)
-    return pa.RecordBatch.from_arrays(
-        [pa.concat_arrays(c) if len(c) > 1 else c[0] for c in columns], schema=_OUTPUT_ARROW)
+    columns = []
+    for i, column in enumerate(_OUTPUT_ARROW):
+        # The frame's own column arrays (numpy, or pandas' nullable IntegerArray), unboxed.
+        parts = [frame._mgr.iget_values(i) for frame in frames]
+        if len(parts) == 1:
+            joined = parts[0]
+        elif isinstance(parts[0], np.ndarray):
+            joined = np.concatenate(parts)
+        else:
+            joined = type(parts[0])._concat_same_type(parts)
+        columns.append(pa.Array.from_pandas(joined, type=column.type))
+    return pa.RecordBatch.from_arrays(columns, schema=_OUTPUT_ARROW)
 
 
 def _event_rows(table: pa.Table) -> list[EventRow]:
