@@ -34,6 +34,10 @@ BELOW: dict[str, set[str]] = {
     "txstream.streaming.cli": {"txstream", "txstream.kafka", "txstream.state", "txstream.sources",
                                "txstream.readback", "txstream.sinks", "txstream.streaming.engine",
                                "txstream.client", "txstream.console", "txstream.kafka_broker"},
+    # The users' test kit: the coordinator's own code and the client's, run in memory.
+    "txstream.testing": {"txstream", "txstream.kafka", "txstream.state", "txstream.readback",
+                         "txstream.sources", "txstream.sinks", "txstream.streaming.engine",
+                         "txstream.client"},
 }
 # The pure core stands on pure modules only (mypy checks them with it).
 CORE_MAY_IMPORT = {"txstream.message", "txstream.errors", "txstream.refusals"}

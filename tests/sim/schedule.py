@@ -20,6 +20,7 @@ from txstream.message import Decision, EndEvent
 from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
 from txstream.streaming.engine.operator import coordinator_function
+from txstream.testing.spark_model import SimCrash, SparkModel
 from txstream.wire import encode_end
 
 from sim.actors import Consumer, Producers
@@ -35,7 +36,6 @@ from sim.oracle import (
     unknowable,
 )
 from sim.scenarios import FAULTS, Fault, Scenario, scenario
-from sim.spark import SimCrash, SparkModel
 from sim.world import T0, World
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]

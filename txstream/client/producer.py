@@ -214,7 +214,7 @@ class TransactionProducer:
                         group_id=self.check_group_id,
                         role=f"checker-{self.producer_group}",
                         settings=self.settings,
-                        answer=self._answer_check,
+                        answer=self.answer_check,
                         executor=self._executor,
                         connect_timeout_ms=self._connect_timeout_ms,
                         drain_timeout_s=max(30.0, 3 * self._send_timeout_ms / 1000),
@@ -312,8 +312,10 @@ class TransactionProducer:
             end_acknowledged=end_ok,
         )
 
-    def _answer_check(self, msg: Message, check_times: int) -> None:
-        """Run the check listener and send its answer; raise if not acknowledged.
+    def answer_check(self, msg: Message, check_times: int) -> None:
+        """Run the check listener and send its answer; raise if not acknowledged. The check
+        consumer calls it for each request it takes; a driver that hands out the checks itself
+        (``answer_checks=False``, :mod:`txstream.testing`) calls it instead.
 
         UNKNOW is answered too: only an answered check counts toward the coordinator's limit.
         """

@@ -1,9 +1,11 @@
 """Kafka client construction, shared by every part of txstream.
 
 Every producer, consumer and admin client is built here, so TLS/SASL options reach all of
-them (the client library, the Spark source and sinks, the admin tools) the same way. Settings
-whose bootstrap servers are ``memory://NAME`` get the clients of the in-memory broker
-registered under NAME instead (:mod:`txstream.kafka.memory`, for deterministic simulations).
+them (the client library, the Spark source and sinks, the admin tools) the same way. The
+clients are kafka-python's, unless a :class:`ClientFactory` is plugged in for the scheme the
+bootstrap servers start with (:func:`plug_clients`): the in-memory broker plugs its own for
+``memory://`` (:mod:`txstream.kafka.memory_registry`, :mod:`txstream.testing`). A scheme, not
+an object: the settings travel to Spark's workers as JSON and are made again there.
 """
 
 from __future__ import annotations
@@ -12,23 +14,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from kafka import KafkaConsumer, KafkaProducer
 
 from txstream.errors import BrokerUnavailable
-from txstream.kafka.memory_clients import (
-    MemoryProducer,
-    check_memory_broker,
-    memory_admin,
-    memory_consumer,
-    memory_producer,
-)
-from txstream.kafka.memory_registry import is_memory
 from txstream.kafka.protocols import Admin, Consumer, KafkaClient, Producer
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["make_producer", "make_consumer", "make_admin", "wait_for_broker", "client_id",
+           "ClientFactory", "plug_clients", "unplug_clients",
            "TopicTrackingProducer", "CommittedEndConsumer", "cached_client",
            "drop_cached_client", "clear_cached_clients",
            "close_quietly", "ClientSlot", "ask_while_refused",
@@ -192,14 +187,50 @@ def _kwargs(settings: KafkaSettings, kind: str, role: str | None, defaults: dict
     return kw
 
 
+class ClientFactory(Protocol):
+    """Clients of another kind than kafka-python's, for the settings of one scheme; each made
+    with kafka-python's keyword arguments, as :func:`make_producer` and the others built them."""
+
+    def producer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Producer: ...
+
+    def consumer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Consumer: ...
+
+    def admin(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Admin: ...
+
+    def wait(self, settings: KafkaSettings) -> None:
+        """:func:`wait_for_broker`: return once the broker answers, else raise
+        BrokerUnavailable."""
+
+
+_PLUGGED: dict[str, ClientFactory] = {}
+
+
+def plug_clients(scheme: str, factory: ClientFactory) -> None:
+    """Settings whose bootstrap servers start with ``scheme`` (``memory://``) get
+    ``factory``'s clients from now on, in this process."""
+    _PLUGGED[scheme] = factory
+
+
+def unplug_clients(scheme: str) -> None:
+    _PLUGGED.pop(scheme, None)
+
+
+def _plugged(settings: KafkaSettings) -> ClientFactory | None:
+    for scheme, factory in _PLUGGED.items():
+        if settings.bootstrap_servers.startswith(scheme):
+            return factory
+    return None
+
+
 def make_producer(settings: KafkaSettings, *, role: str | None = None,
                   **overrides: Any) -> Producer:
     """An idempotent, acks=all producer: a send counts only once the broker stored it.
     ``role`` names it in its client id (see :func:`client_id`)."""
     kw = _kwargs(settings, "producer", role, _PRODUCER_DEFAULTS, overrides)
     try:
-        if is_memory(settings):
-            return memory_producer(settings, kw)
+        plugged = _plugged(settings)
+        if plugged is not None:
+            return plugged.producer(settings, kw)
         producer: Producer = TopicTrackingProducer(**kw)
         return producer
     except _UNREACHABLE as exc:
@@ -217,8 +248,9 @@ def make_consumer(settings: KafkaSettings, *, role: str | None = None,
         defaults.update(_GROUP_DEFAULTS)
     kw = _kwargs(settings, "consumer", role, defaults, overrides)
     try:
-        if is_memory(settings):
-            return memory_consumer(settings, kw)
+        plugged = _plugged(settings)
+        if plugged is not None:
+            return plugged.consumer(settings, kw)
         consumer: Consumer = CommittedEndConsumer(**kw)
         return consumer
     except _UNREACHABLE as exc:
@@ -232,8 +264,9 @@ def make_admin(settings: KafkaSettings, *, role: str | None = None, **overrides:
 
     kw = _kwargs(settings, "admin", role, {}, overrides)
     try:
-        if is_memory(settings):
-            return memory_admin(settings, kw)
+        plugged = _plugged(settings)
+        if plugged is not None:
+            return plugged.admin(settings, kw)
         admin: Admin = KafkaAdminClient(**kw)
         return admin
     except _UNREACHABLE as exc:
@@ -250,8 +283,9 @@ def wait_for_broker(settings: KafkaSettings, timeout_s: float = 30.0) -> None:
     """
     from kafka import KafkaConsumer
 
-    if is_memory(settings):
-        check_memory_broker(settings)
+    plugged = _plugged(settings)
+    if plugged is not None:
+        plugged.wait(settings)
         return
 
     deadline = time.monotonic() + timeout_s
@@ -287,8 +321,8 @@ def close_quietly(client: KafkaClient) -> None:
     ``delivery_timeout_ms`` (2 min). Whoever closes a broken producer sends its records again.
     """
     try:
-        if isinstance(client, (KafkaProducer, MemoryProducer)):
-            client.close(timeout=0)
+        if hasattr(client, "send"):  # a producer (the Protocols are not runtime-checkable)
+            cast(Producer, client).close(timeout=0)
         else:
             client.close()
     except Exception:

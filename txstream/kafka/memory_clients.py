@@ -58,8 +58,8 @@ from txstream.kafka.protocols import (
 )
 from txstream.kafka.settings import KafkaSettings
 
-__all__ = ["MemoryProducer", "RecordFuture", "memory_producer", "memory_consumer",
-           "memory_admin", "check_memory_broker"]
+__all__ = ["MemoryProducer", "RecordFuture", "MemoryClients", "memory_producer",
+           "memory_consumer", "memory_admin", "check_memory_broker"]
 
 
 def _broker(settings: KafkaSettings) -> MemoryBroker:
@@ -92,6 +92,23 @@ def check_memory_broker(settings: KafkaSettings) -> None:
     except Exception as exc:
         raise BrokerUnavailable(f"Kafka broker at {settings.bootstrap_servers} unreachable "
                                 f"({type(exc).__name__}: {exc})") from None
+
+
+class MemoryClients:
+    """The :class:`txstream.kafka.clients.ClientFactory` of ``memory://NAME`` settings, plugged
+    in by :func:`txstream.kafka.memory_registry.register`."""
+
+    def producer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Producer:
+        return memory_producer(settings, kwargs)
+
+    def consumer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Consumer:
+        return memory_consumer(settings, kwargs)
+
+    def admin(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Admin:
+        return memory_admin(settings, kwargs)
+
+    def wait(self, settings: KafkaSettings) -> None:
+        check_memory_broker(settings)
 
 
 class RecordFuture:

@@ -19,9 +19,15 @@ _REGISTRY: dict[str, MemoryBroker] = {}
 
 
 def register(broker: MemoryBroker) -> None:
+    """Find ``broker`` by its name from now on, and hand txstream's Kafka boundary the
+    clients of ``memory://`` settings (:func:`txstream.kafka.clients.plug_clients`)."""
+    from txstream.kafka.clients import plug_clients
+    from txstream.kafka.memory_clients import MemoryClients
+
     if _REGISTRY.get(broker.name, broker) is not broker:
         raise ValueError(f"another memory broker is registered as {broker.name}")
     _REGISTRY[broker.name] = broker
+    plug_clients(MEMORY_SCHEME, MemoryClients())
 
 
 def unregister(name: str) -> None:
