@@ -59,8 +59,8 @@ def test_timer_lead_comes_from_the_flag_the_environment_or_the_default(
 
 def test_the_source_reads_lost_partitions_again_only_when_asked(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 39, defect 10: the data-loss error offered fail_on_data_loss=false, and nothing
-    of ``txstream run`` could set it."""
+    """The data-loss error offers fail_on_data_loss=false: ``txstream run`` sets it with
+    ``--no-fail-on-data-loss`` or ``TXSTREAM_FAIL_ON_DATA_LOSS=false``, and fails by default."""
     from txstream.streaming.engine.query import source_options
 
     assert source_options(_parse([]), None, 2).fail_on_data_loss is True

@@ -84,8 +84,8 @@ def test_properties_lines(line: str, pair: tuple[str, str]) -> None:
 
 
 def test_settings_that_would_have_the_sink_write_twice_are_refused() -> None:
-    """Issue 39: a stage run again numbers its tasks' attempts from 0, and speculative tasks
-    run beside each other: neither kind of sink task knows to check what the other wrote."""
+    """A stage run again numbers its tasks' attempts from 0, and speculative tasks run beside
+    each other: neither kind of sink task knows to check what the other wrote."""
     from txstream.errors import ConfigError
     from txstream.streaming.engine.spark_settings import check_settings, tuned_settings
 

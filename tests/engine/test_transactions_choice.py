@@ -1,5 +1,6 @@
-"""``--transactions auto|on|off`` (issue 40 §3): the flag and its variable, and the probe's
-answer kept in the checkpoint, so a later start does not probe again."""
+"""``--transactions auto|on|off`` (docs/decisions/0032-transactions.md): the flag and its
+variable, and the probe's answer kept in the checkpoint, so a later start does not probe
+again."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def test_auto_probes_once_per_checkpoint_and_keeps_the_answer() -> None:
 
 def test_a_new_checkpoint_takes_the_coordinators_transactional_id() -> None:
     """Its tasks then fence the old checkpoint's and abort what a killed one left open
-    (simulation defect 22); a checkpoint that kept an id of its own keeps it."""
+    (case 22 of tests/sim/test_sim_defects.py); a checkpoint that kept an id of its own keeps
+    it."""
     base = transactional_id_of("p_RMQ_SYS_TRANS_HALF_TOPIC")
     assert base == "txstream-p_RMQ_SYS_TRANS_HALF_TOPIC"
     old, new = Store(), Store()

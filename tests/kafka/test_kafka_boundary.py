@@ -125,7 +125,7 @@ def test_errors_are_kafka_pythons_own() -> None:
 
 def test_mypy_checks_the_kafka_boundary_and_its_users() -> None:
     # The Protocols are worth their types where mypy reads their users; and at least 40 % of
-    # the product's lines are checked (issue 42).
+    # the product's lines are checked.
     repo = Path(__file__).resolve().parents[2]
     files = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
     assert {"txstream/kafka", "txstream/client", "txstream/sources", "txstream/sinks"} <= set(files)

@@ -94,8 +94,9 @@ def test_a_key_does_not_find_what_it_released_itself_and_new_records_are_read_as
                                                              "a-day-ahead"])
 def test_other_writers_timestamps_do_not_end_the_search(
         broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch, stamp: int) -> None:
-    """Defect 2 of issue 39: a foreign record older than a horizon ended the read back, so a
-    release behind a few chunks of them was not found (and a replay wrote it again)."""
+    """A foreign record older than a horizon does not end the read back: if it did, a
+    release behind a few chunks of them would not be found (and a replay would write it
+    again)."""
     monkeypatch.setattr("txstream.kafka.read_back.READ_BACK_CHUNK", 8)
     now = broker.clock()
     _release(broker, "tx-1", f"{TAG}.1.{now - 1000}.0", at=now - 1000)

@@ -369,7 +369,8 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("26-lost-copy-taken-as-known", _lost_copy_taken_as_known, 606241, "released 2 times"),
     ("27-replay-numbered-as-before", _replay_numbered_as_before, 705503,
      "failed 3 times in a row"),
-    # Each recovery guard taken out (issue 39's oracle defect: none of the first two was seen).
+    # Each recovery guard taken out: the oracle must see each (it once saw neither of the
+    # first two).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
     ("guard-look", GUARDS["look"], 300, "released 2 times"),
     ("guard-replay-check", GUARDS["replay-check"], 6, "released 2 times"),

@@ -1,7 +1,7 @@
 """A history note is never stored before the release it states, on a broker whose partitions
 acknowledge each on its own (Apache Kafka, 3 nodes): a real topic below min.insync.replicas
-refuses the release while the history topic takes writes (issue 39, defect 1;
-docs/decisions/0030-notes-after-releases.md)."""
+refuses the release while the history topic takes writes
+(docs/decisions/0030-notes-after-releases.md)."""
 
 from __future__ import annotations
 

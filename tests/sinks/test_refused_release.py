@@ -1,7 +1,7 @@
 """A release the broker refuses for what it is (its topic missing on a broker that creates
 none, too large, not allowed) is never reported as released: its dead letter is keyed by the
 transaction id and says where the body lies, its note says ``release_refused`` and why, and
-the metrics count a refusal (issue 39, defect 6). In-memory broker, the sink's own code."""
+the metrics count a refusal, not a release. In-memory broker, the sink's own code."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Releases in Kafka transactions where the broker has them (issue 40 §3; docs/decisions/
-0032-transactions.md), on Apache Kafka: a sink task's records land together or not at all; a
-task killed mid-transaction leaves nothing a read_committed reader sees, and its replay
-releases each message once; a record the broker refuses is dead-lettered in a new
-transaction. ``--transactions off`` keeps the ordered path (0030)."""
+"""Releases in Kafka transactions where the broker has them (docs/decisions/0032-transactions.md),
+on Apache Kafka: a sink task's records land together or not at all; a task killed
+mid-transaction leaves nothing a read_committed reader sees, and its replay releases each
+message once; a record the broker refuses is dead-lettered in a new transaction.
+``--transactions off`` keeps the ordered path (0030)."""
 
 from __future__ import annotations
 

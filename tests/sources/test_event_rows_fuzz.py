@@ -126,6 +126,8 @@ def test_valid_records_decode_to_their_events() -> None:
 
 
 def test_the_bad_inputs_of_the_issue_are_malformed_with_their_reason() -> None:
+    """A body over the limit, an unknown event type and plain garbage each come out
+    ``Malformed`` with a reason; a key that cannot be routed gets the unroutable state key."""
     half = _valid(True, b"x" * (MAX_BODY + 1))
     over = _check(True, half.key, half.value, half.headers)
     assert isinstance(over, Malformed) and f"exceeds the limit of {MAX_BODY}" in over.reason

@@ -1,6 +1,5 @@
 """What the source does when the broker's offsets go back, or a topic is created again under a
-batch to replay (in-memory broker, the source's own planner; issue 39's suspicions, confirmed
-and fixed)."""
+batch to replay (in-memory broker, the source's own planner)."""
 
 from __future__ import annotations
 

@@ -32,9 +32,8 @@ def _checked(tx: Transaction, times: int) -> tuple[Transaction, int]:
 
 
 def test_an_answer_brings_the_next_check_within_one_interval() -> None:
-    """Issue 39, defect 8: the next check's time was fixed when a check was sent, so after
-    unanswered checks had backed it off an answer did not bring it back (959 s after an
-    answer with a 60 s interval)."""
+    """An answer sets the next check's time again: fixed when a check was sent, it stayed
+    backed off after unanswered checks (959 s after an answer with a 60 s interval)."""
     tx, _ = apply(None, half(), T0, BACKING_OFF)
     assert tx is not None
     tx, last = _checked(tx, 5)  # backed off: the next is 16 intervals away
@@ -55,8 +54,8 @@ def test_an_answer_brings_the_next_check_within_one_interval() -> None:
 
 
 def test_a_check_names_the_life_of_its_transaction() -> None:
-    """Defect 4: a new checkpoint numbers its checks from 1 again; the request says which
-    registration it is of, so a producer that answered checks 1..n before answers them again."""
+    """A new checkpoint numbers its checks from 1 again; the request says which registration
+    it is of, so a producer that answered checks 1..n before answers them again."""
     tx, _ = apply(None, half(), T0, BACKING_OFF)
     assert tx is not None
     _, [check, _] = on_timeout(tx, tx.deadline, BACKING_OFF)
@@ -73,8 +72,8 @@ def test_a_check_names_the_life_of_its_transaction() -> None:
 
 
 def test_the_answered_checks_metric_counts_what_the_core_counted() -> None:
-    """Defect 7: every answer from a check was counted, stale ones, copies and another
-    group's too: 4 counted where the core counted 1."""
+    """Only the answers the core takes are counted, not stale ones, copies or another
+    group's (counting every answer from a check gave 4 where the core counted 1)."""
     bucket = Bucket()
     tally = KeyTally(T0)
     bucket.apply(half(), T0, BACKING_OFF)

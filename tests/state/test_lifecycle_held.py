@@ -183,8 +183,8 @@ def test_held_end_expires_after_the_orphan_timeout() -> None:
 
 
 def test_a_held_end_waits_for_the_half_topic_to_be_read_past_when_it_was_held() -> None:
-    """Issue 39: with the half topic read behind the end topic (a backlog, more end partitions
-    than half ones under maxOffsetsPerTrigger) a commit's half message may not have been read
+    """With the half topic read behind the end topic (a backlog, more end partitions than
+    half ones under maxOffsetsPerTrigger) a commit's half message may not have been read
     yet when the orphan timeout ends: it must not be dead-lettered NO_HALF_MESSAGE."""
     tx = apply(None, end(COMMIT), T0, P)[0]
     assert tx is not None
