@@ -4,8 +4,8 @@ revocation and on a loss, and what its loop commits when it stops.
 A real broker evicts a member only after its session timeout, and kafka-python calls
 ``on_partitions_lost`` then from its IO thread: the listener is driven here directly, against
 the client library's real offset tracker, with a consumer that records its commits. The
-loop's commits against a real broker are the client tests' (test_client_checks.py,
-test_client_consumer.py).
+loop's commits against a real broker are the client tests' (tests/client/test_client_checks.py,
+tests/client/test_client_consumer.py).
 """
 
 from __future__ import annotations
