@@ -42,7 +42,7 @@ test: setup
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n $(WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
-# The fault-injection soak (tests/test_soak.py), 10 minutes of faults by default.
+# The fault-injection soak (tests/system/test_soak.py), 10 minutes of faults by default.
 soak: setup
 	TXSTREAM_SOAK_SECONDS=$${TXSTREAM_SOAK_SECONDS:-600} TXSTREAM_SOAK_NODES=$${TXSTREAM_SOAK_NODES:-3} $(PY) -m pytest -m soak $(PYTEST_ARGS)
 

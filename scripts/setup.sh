@@ -10,7 +10,7 @@ if ! command -v java >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
 fi
 if ! command -v chromium >/dev/null 2>&1; then
-  # Headless Chromium: the console's browser tests (tests/test_console_web.py) drive Debian's
+  # Headless Chromium: the console's browser tests (tests/console/test_console_web.py) drive Debian's
   # with playwright, which downloads no browser of its own here.
   echo "setup: no chromium found, installing Debian's (the console's browser tests use it)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

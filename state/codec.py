@@ -11,8 +11,8 @@ that layout is read.)
 
 A field added to ``Message``, ``EndEvent``, ``RawRecord`` or ``Transaction`` needs a new layout
 under a new version, the old one kept readable as long as a release wrote it:
-``tests/test_state_codec.py`` fails until the current layout names every field, and decodes a
-stored sample of every readable version (``tests/data/state/``). No version of txstream has been
+``tests/state/test_state_codec.py`` fails until the current layout names every field, and decodes a
+stored sample of every readable version (``tests/state/data/``). No version of txstream has been
 released yet; formats 6 and 7 are read (docs/decisions/0026-state-formats.md).
 """
 

@@ -27,7 +27,7 @@ class Policy:
     | check_backoff_max     | (none: txstream)           |
 
     The defaults are the fields' own (the flags of ``txstream run`` show them, and
-    docs/configuration.md lists them, checked by tests/test_flag_defaults.py).
+    docs/configuration.md lists them, checked by tests/cli/test_flag_defaults.py).
 
     ``orphan_end_timeout``: how long an end event waits for its half message before it goes to
     the dead-letter topic. ``resolved_retention``: how long a resolved transaction is remembered

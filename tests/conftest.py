@@ -23,14 +23,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.memory_helpers import Clock, new_broker
+from tests.support.ports import reserve_port
 from txstream.broker import EmbeddedBroker
 from txstream.kafka import KafkaSettings
 from txstream.kafka.memory import MemoryBroker
 from txstream.kafka_broker import KafkaBroker
 from txstream.topics import Topics
-
-from memory_helpers import Clock, new_broker
-from ports import reserve_port
 
 # Fixture -> the marker it gives every test that uses it (directly or through other fixtures).
 FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": "cluster",
@@ -252,7 +251,7 @@ def broker_processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 def coordinator_processes(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Coordinator processes of the test (``python -m txstream.streaming.cli run ARGS``), ended
     after it: ``coordinator_processes(args, **CoordinatorProcess options)``, not yet started."""
-    from process_helpers import CoordinatorProcess
+    from tests.support.process_helpers import CoordinatorProcess
 
     made: list[CoordinatorProcess] = []
 
@@ -306,7 +305,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A Spark standalone master and worker (pyspark's own distribution) on loopback."""
-    from cluster_helpers import StandaloneCluster
+    from tests.support.cluster_helpers import StandaloneCluster
 
     standalone = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
     yield standalone

@@ -71,7 +71,8 @@ def duration_text(ms: int | float) -> str:
 def run_defaults() -> dict[str, str]:
     """The default of every flag of ``txstream run`` that has one, as it would be given on the
     command line: what ``--help`` says, taken from ``Policy`` and ``RunConfig`` (their fields
-    hold each number once). ``tests/test_flag_defaults.py`` holds docs/configuration.md to it."""
+    hold each number once). ``tests/cli/test_flag_defaults.py`` holds docs/configuration.md to
+    it."""
     policy = {f.name: f.default for f in fields(Policy)}
     config = {f.name: f.default for f in fields(RunConfig) if f.default is not MISSING}
     shown = {name: duration_text(policy[name.replace("-", "_")]) if kind == "duration"

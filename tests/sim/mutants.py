@@ -1,9 +1,9 @@
 """The oracle's own test: each recovery guard taken out in turn, and the seeds that then fail.
 
 A guard the simulation cannot see fail is a guard nothing checks. ``TXSTREAM_SIM_MUTANT=NAME
-pytest -m sim tests/test_sim.py`` plays the schedules with guard ``NAME`` removed and reports
+pytest -m sim tests/sim/test_sim.py`` plays the schedules with guard ``NAME`` removed and reports
 how many broke the promise (the test passes when at least one did); ``NAME=all`` plays each in
-turn and prints the table. ``tests/test_sim_defects.py`` pins one failing seed per guard, so
+turn and prints the table. ``tests/sim/test_sim_defects.py`` pins one failing seed per guard, so
 CI keeps every guard covered without playing each over 1,000 schedules.
 """
 

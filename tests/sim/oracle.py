@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from tests.sim.actors import Ledger
 from txstream.console.record_entries import Entry, Source, entries_of
 from txstream.console.transaction_rows import TxRow, fold
 from txstream.headers import header_dict
@@ -33,8 +34,6 @@ from txstream.schema import Kind
 from txstream.state.transaction import Status
 from txstream.streaming.engine.key_metrics import Counted, decode_summary
 from txstream.wire import H
-
-from sim.actors import Ledger
 
 __all__ = ["Violation", "is_release", "Observed", "Observer", "observe", "check_step", "check_end",
            "check_metrics", "check_dead_letters", "check_requests_answered", "lost_copy_owed",

@@ -19,19 +19,18 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tests.sim.actors import TxPlan
 from txstream.kafka.read_back import READ_BACK_CHUNK
 from txstream.message import Decision
 from txstream.state.keys import KeyLayout
 from txstream.state.policy import Policy
-
-from sim.actors import TxPlan
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "TRANSACTIONS"]
 
 COMMIT, ROLLBACK, UNKNOW = Decision.COMMIT_MESSAGE, Decision.ROLLBACK_MESSAGE, Decision.UNKNOW
 # The faults a seed draws from its main stream, and those drawn from a stream of their own
 # (``_later_faults``), so that adding one leaves every other seed's schedule as it was and
-# the seeds that caught a defect (tests/test_sim_defects.py) keep catching it.
+# the seeds that caught a defect (tests/sim/test_sim_defects.py) keep catching it.
 _MAIN_FAULTS = ("crash", "outage", "fresh", "broker_down", "away", "retention", "recreate",
                 "flood")
 _LATER_FAULTS = ("refuse", "foreign", "resend", "stall")

@@ -15,16 +15,8 @@ from typing import Any
 import txstream.kafka.read_back as read_back
 import txstream.readback.bodies as bodies
 import txstream.streaming.engine.transactions as transactions
-from txstream.errors import TxStreamError
-from txstream.message import Decision, EndEvent
-from txstream.sinks.kafka_sink import SinkOptions
-from txstream.sources.kafka_io import SourceOptions
-from txstream.streaming.engine.operator import coordinator_function
-from txstream.testing.spark_model import SimCrash, SparkModel
-from txstream.wire import encode_end
-
-from sim.actors import Consumer, Producers
-from sim.oracle import (
+from tests.sim.actors import Consumer, Producers
+from tests.sim.oracle import (
     Observer,
     Violation,
     check_end,
@@ -35,8 +27,15 @@ from sim.oracle import (
     lost_copy_owed,
     unknowable,
 )
-from sim.scenarios import FAULTS, Fault, Scenario, scenario
-from sim.world import T0, World
+from tests.sim.scenarios import FAULTS, Fault, Scenario, scenario
+from tests.sim.world import T0, World
+from txstream.errors import TxStreamError
+from txstream.message import Decision, EndEvent
+from txstream.sinks.kafka_sink import SinkOptions
+from txstream.sources.kafka_io import SourceOptions
+from txstream.streaming.engine.operator import coordinator_function
+from txstream.testing.spark_model import SimCrash, SparkModel
+from txstream.wire import encode_end
 
 __all__ = ["FAULTS", "Scenario", "Fault", "scenario", "run", "Report"]
 

@@ -62,7 +62,7 @@ class TopicTrackingProducer(KafkaProducer):  # type: ignore[misc]  # kafka-pytho
     topic (a new topic's first record) then forgets them, and records for an untracked topic
     still in the accumulator wait for a leader that is never asked for, until the delivery
     timeout. Java's producer adds every topic it sends to; this one does the same. It reaches
-    into two private attributes of the pinned kafka-python; tests/test_kafka_sink.py fails if
+    into two private attributes of the pinned kafka-python; tests/sinks/test_kafka_sink.py fails if
     they change.
     """
 
@@ -85,7 +85,7 @@ class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python
     reading); past the last stable offset a read_committed fetch returns nothing until the
     transaction ends, so such a read would wait for it. kafka-python keeps only the high
     watermark of a fetch answer: its parse step is wrapped to keep the lower of the two. It
-    reaches into the pinned kafka-python's fetcher (tests/test_kafka_boundary.py).
+    reaches into the pinned kafka-python's fetcher (tests/kafka/test_kafka_boundary.py).
     """
 
     def __init__(self, **configs: Any) -> None:

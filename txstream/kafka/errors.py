@@ -1,5 +1,5 @@
 """kafka-python's errors that txstream tells apart, for every module outside txstream/kafka/:
-kafka-python is imported only inside txstream/kafka/ (tests/test_layers.py).
+kafka-python is imported only inside txstream/kafka/ (tests/project/test_layers.py).
 
 They are kafka-python's own classes, so ``except`` and ``isinstance`` meet what its clients
 raise; kafka-python ships no types, so mypy knows them as exception classes.

@@ -25,7 +25,7 @@ ListOffsets (a reset to ``latest``, ``end_offsets``) answers right, as tansu's d
 Kafka or tansu (the broker the tests run): :meth:`MemoryBroker.like_tansu` answers as tansu
 does where the two differ: a ``LogAppendTime`` topic keeps the producer's timestamp; a fetch
 past the end is empty, not out of range; the broker's configs are not told; auto-created
-topics get 4 partitions. tests/test_memory_kafka_contract.py holds it to tansu and Kafka.
+topics get 4 partitions. tests/kafka/test_memory_kafka_contract.py holds it to tansu and Kafka.
 
 Done when the simulation says so: :meth:`MemoryBroker.apply_retention` (drops records older
 than the topic's ``retention.ms``), :meth:`MemoryBroker.delete_records` and

@@ -5,8 +5,8 @@ records and their futures, as Protocols.
 kinds of client stand behind them: kafka-python's (``KafkaProducer``, ``KafkaConsumer``,
 ``KafkaAdminClient``) and the in-memory broker's (:mod:`txstream.kafka.memory_clients`,
 :mod:`txstream.kafka.memory_consumer`). kafka-python ships no types, so mypy holds the fakes to
-these Protocols and ``tests/test_kafka_boundary.py`` holds kafka-python's classes to them (every
-member there, with these parameters).
+these Protocols and ``tests/kafka/test_kafka_boundary.py`` holds kafka-python's classes to them
+(every member there, with these parameters).
 
 kafka-python's small value types (:class:`TopicPartition`, :class:`OffsetAndMetadata`,
 :class:`OffsetAndTimestamp`) are its own namedtuples at run time (its consumer checks

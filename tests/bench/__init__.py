@@ -1,0 +1,1 @@
+"""The benchmark (bench/): txstream bench, and its CPU counters."""

@@ -1,0 +1,2 @@
+"""The client library (txstream/client): the transaction producer, its back-checks, the push
+consumer."""

@@ -1,0 +1,1 @@
+"""The web console (txstream/console): its index, JSON API and pages."""

@@ -1,0 +1,2 @@
+"""The project's own promises: documents held to the code, the import layers, packaging and the
+compose file."""

@@ -1,0 +1,2 @@
+"""Reading back what is on Kafka (txstream/readback): held bodies, replays, a predecessor's
+releases."""

@@ -1,0 +1,1 @@
+"""The txstream-records sink (txstream/sinks): delivery, refused releases, Kafka transactions."""

@@ -1,0 +1,2 @@
+"""The txstream-events source (txstream/sources): planning, reading, rows, progress and
+recovery."""

@@ -1,0 +1,2 @@
+"""Helpers the tests share (imported as tests.support.NAME): Kafka, processes, clusters, the
+soak's parts."""
