@@ -159,3 +159,47 @@ def test_a_metadata_question_a_dead_node_refused_goes_again_to_a_live_one(
 
     with pytest.raises(KafkaConnectionError):
         clients._asking_live_nodes(refused, 30_000)
+
+
+def test_the_boundary_knows_no_fake_and_hands_a_plugged_schemes_settings_to_its_factory(
+) -> None:
+    """make_* switch on no URL of their own: a ClientFactory plugged for a scheme (the
+    in-memory broker's, a test kit's, another client library's) gets that scheme's settings."""
+    import ast
+
+    from txstream.kafka import clients
+    from txstream.kafka.settings import KafkaSettings
+
+    tree = ast.parse(Path(clients.__file__).read_text())
+    named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in named if m.startswith("txstream.kafka.memory")}
+
+    made: list[tuple[str, str]] = []
+
+    class Factory:
+        def producer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Any:
+            made.append(("producer", settings.bootstrap_servers))
+            return object()
+
+        def consumer(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Any:
+            made.append(("consumer", kwargs["client_id"]))
+            return object()
+
+        def admin(self, settings: KafkaSettings, kwargs: dict[str, Any]) -> Any:
+            made.append(("admin", settings.bootstrap_servers))
+            return object()
+
+        def wait(self, settings: KafkaSettings) -> None:
+            made.append(("wait", settings.bootstrap_servers))
+
+    clients.plug_clients("other://", Factory())
+    try:
+        settings = KafkaSettings(bootstrap_servers="other://here:1")
+        clients.make_producer(settings)
+        clients.make_consumer(settings, role="source")
+        clients.make_admin(settings)
+        clients.wait_for_broker(settings)
+    finally:
+        clients.unplug_clients("other://")
+    assert made == [("producer", "other://here:1"), ("consumer", "txstream-source"),
+                    ("admin", "other://here:1"), ("wait", "other://here:1")]
