@@ -58,24 +58,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if mark in marks:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
-    items.sort(key=_start_rank)
-
-
-# xdist hands tests out in collection order. The suite is CPU-bound on 2 cores: the longest
-# first (the groups run one after another, the whole system's tests, the simulation), the
-# short ones last, to fill the cores while the long ones end (longest first: the shortest
-# finish; the tree's own order would start the system's tests last).
-_LONG_FOLDERS = ("system", "bench")
-
-
-def _start_rank(item: pytest.Item) -> int:
-    marks = {m.name for m in item.iter_markers()}
-    if marks & set(GROUPS):
-        return 0
-    folder = item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else ""
-    if folder in _LONG_FOLDERS or "sim" in marks:
-        return 1
-    return 3 if "fast" in marks else 2
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
