@@ -8,6 +8,9 @@ check wrongly is caught. The example users copy (``examples/``) runs here too.""
 from __future__ import annotations
 
 import runpy
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -74,10 +77,12 @@ def test_a_producer_killed_after_its_local_transaction_is_settled_by_another_pro
         assert [m.body for m in driver.visible("orders")] == ([] if forgets else [b"commit"])
 
 
+@pytest.mark.parametrize("transactions", [True, False], ids=["transactional", "ordered"])
 @pytest.mark.parametrize("crash", ["mid-batch", "between batches", "new checkpoint"])
-def test_a_coordinator_crash_releases_each_committed_message_once(crash: str) -> None:
+def test_a_coordinator_crash_releases_each_committed_message_once(crash: str,
+                                                                  transactions: bool) -> None:
     database: dict[str, LocalTransactionState] = {}
-    with TransactionTestDriver() as driver:
+    with TransactionTestDriver(transactions=transactions) as driver:
         producer = driver.producer("app", Recording(database))
         for body in (b"commit", b"rollback", b"commit"):
             driver.send(producer, Message(topic="orders", body=body))
@@ -132,3 +137,22 @@ def test_a_producer_of_another_driver_is_refused_and_a_closed_driver_leaves_noth
         name = first.broker.name
     assert lookup(name) is None
     assert "memory://" in _PLUGGED  # the boundary keeps the scheme's factory: other brokers
+
+
+def test_without_the_coordinators_packages_the_kit_says_what_to_install() -> None:
+    code = textwrap.dedent("""
+        import importlib.abc, sys
+        class Refuse(importlib.abc.MetaPathFinder):  # a producer application's install
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("pyspark", "pyarrow"):
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+        sys.meta_path.insert(0, Refuse())
+        try:
+            import txstream.testing
+        except ImportError as exc:
+            print(exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == ("txstream.testing runs the coordinator's code and needs "
+                                   "pyspark, pyarrow: pip install 'txstream[coordinator]'")

@@ -7,6 +7,26 @@ of the project's own tests runs on the same pieces: :class:`~txstream.testing.sp
 SparkModel` (Spark's micro-batch contract) and the in-memory Kafka (:mod:`txstream.kafka.memory`).
 """
 
-from txstream.testing.driver import Discarded, ProducerKilled, TransactionTestDriver
+import importlib.util
+
+
+def _missing(names: tuple[str, ...]) -> list[str]:
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+# A producer application's install has none of them: say what to install, in one line.
+if _absent := _missing(("pyspark", "pandas", "pyarrow")):
+    raise ImportError(f"txstream.testing runs the coordinator's code and needs "
+                      f"{', '.join(_absent)}: pip install 'txstream[coordinator]'")
+
+from txstream.testing.driver import Discarded, ProducerKilled, TransactionTestDriver  # noqa: E402
 
 __all__ = ["TransactionTestDriver", "Discarded", "ProducerKilled"]
