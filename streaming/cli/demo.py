@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from txstream.broker import EmbeddedBroker
+from txstream.extras import require_coordinator
 from txstream.kafka import KafkaSettings, wait_for_broker
 from txstream.message import Message
 from txstream.state.effects import NoteKind
 from txstream.state.policy import Policy
-from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.demo_clients import SeedListener, run_consumer, run_producer
 from txstream.streaming.cli.demo_report import HistoryWatch, format_progress, format_summary
 from txstream.streaming.cli.options import add_kafka_arguments, settings_of

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from txstream.console.timeline_text import format_ms
 from txstream.errors import ConfigError
-from txstream.streaming.cli import require_coordinator
+from txstream.extras import require_coordinator
 from txstream.streaming.cli.options import (
     add_spark_arguments,
     env,

@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from txstream.errors import ConfigError
-from txstream.streaming.cli import require_coordinator
+from txstream.extras import require_coordinator
 from txstream.streaming.cli.demo_recovery import (
     DemoFailed,
     Launch,

@@ -11,8 +11,8 @@ from typing import Any
 
 from txstream.broker import EmbeddedBroker
 from txstream.errors import ConfigError
+from txstream.extras import require_coordinator
 from txstream.kafka import wait_for_broker
-from txstream.streaming.cli import require_coordinator
 from txstream.streaming.cli.logs import say
 from txstream.streaming.cli.options import add_run_arguments, config_from_args, set_log_level
 from txstream.streaming.cli.signals import interrupt_on_signals, stop_event_on_signals

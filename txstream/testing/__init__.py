@@ -7,25 +7,10 @@ of the project's own tests runs on the same pieces: :class:`~txstream.testing.sp
 SparkModel` (Spark's micro-batch contract) and the in-memory Kafka (:mod:`txstream.kafka.memory`).
 """
 
-import importlib.util
-
-
-def _missing(names: tuple[str, ...]) -> list[str]:
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
+from txstream.extras import require_coordinator
 
 # A producer application's install has none of them: say what to install, in one line.
-if _absent := _missing(("pyspark", "pandas", "pyarrow")):
-    raise ImportError(f"txstream.testing runs the coordinator's code and needs "
-                      f"{', '.join(_absent)}: pip install 'txstream[coordinator]'")
+require_coordinator("txstream.testing", ("pyspark", "pandas", "pyarrow"))
 
 from txstream.testing.driver import Discarded, ProducerKilled, TransactionTestDriver  # noqa: E402
 
