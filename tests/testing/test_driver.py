@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from txstream.client import LocalTransactionState, TransactionListener
-from txstream.errors import TxStreamError
+from txstream.errors import ClientStateError, TxStreamError
 from txstream.kafka.clients import _PLUGGED
 from txstream.kafka.memory_registry import lookup
 from txstream.message import Message
@@ -53,6 +53,8 @@ def _killed_after_local_transaction(driver: TransactionTestDriver, listener: Rec
     producer = driver.producer("app", listener)
     driver.kill_producer_after_local_transaction(producer)
     with pytest.raises(ProducerKilled):
+        driver.send(producer, Message(topic="orders", body=b"commit"))
+    with pytest.raises(ClientStateError, match="shut down"):  # a dead process sends nothing
         driver.send(producer, Message(topic="orders", body=b"commit"))
 
 
@@ -121,6 +123,8 @@ def test_a_group_with_no_producer_alive_is_checked_but_never_answers() -> None:
         producer = driver.producer("app", listener)
         driver.send(producer, Message(topic="orders", body=b"later"))
         driver.kill_producer(producer)
+        with pytest.raises(ClientStateError, match="shut down"):
+            driver.send(producer, Message(topic="orders", body=b"commit"))
         driver.advance(3600)
         check_topic = driver.topics.check("app")
         requests = sum(len(driver.broker.records(check_topic, p))

@@ -160,9 +160,13 @@ class TransactionTestDriver:
 
     def send(self, producer: TransactionProducer, msg: Message, arg: object = None
              ) -> TransactionSendResult:
-        """``producer.send_message_in_transaction(msg, arg)``; calling that directly is the
-        same, but for :meth:`kill_producer_after_local_transaction`'s raise."""
-        return producer.send_message_in_transaction(msg, arg)
+        """``producer.send_message_in_transaction(msg, arg)``. A producer killed in it
+        (:meth:`kill_producer_after_local_transaction`) is shut down: it sends nothing again."""
+        try:
+            return producer.send_message_in_transaction(msg, arg)
+        except ProducerKilled:
+            producer.shutdown()
+            raise
 
     def kill_producer_after_local_transaction(self, producer: TransactionProducer) -> None:
         """The producer's next send runs its local transaction, then its process dies before
@@ -171,8 +175,9 @@ class TransactionTestDriver:
         self._member(producer).die_after_local_transaction = True
 
     def kill_producer(self, producer: TransactionProducer) -> None:
-        """The producer's process dies: it answers no check again."""
+        """The producer's process dies: it sends nothing and answers no check again."""
         self._member(producer).alive = False
+        producer.shutdown()
 
     def _member(self, producer: TransactionProducer) -> _Member:
         for member in self._groups.get(producer.producer_group, []):
