@@ -11,7 +11,7 @@ from txstream.kafka.settings import KafkaSettings
 if TYPE_CHECKING:
     from txstream.kafka.memory import MemoryBroker
 
-__all__ = ["MEMORY_SCHEME", "register", "unregister", "lookup", "is_memory", "broker_name"]
+__all__ = ["MEMORY_SCHEME", "register", "unregister", "lookup", "broker_name"]
 
 MEMORY_SCHEME = "memory://"
 
@@ -36,10 +36,6 @@ def unregister(name: str) -> None:
 
 def lookup(name: str) -> MemoryBroker | None:
     return _REGISTRY.get(name)
-
-
-def is_memory(settings: KafkaSettings) -> bool:
-    return settings.bootstrap_servers.startswith(MEMORY_SCHEME)
 
 
 def broker_name(settings: KafkaSettings) -> str:
