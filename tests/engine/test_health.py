@@ -111,7 +111,11 @@ def test_an_idle_coordinator_is_healthy_and_an_overdue_timer_is_not(tmp_path: Pa
                                       "reasons": ["query failed: boom"]})
 
 
-def test_a_broker_that_does_not_answer_is_unhealthy_with_the_lag_unknown() -> None:
+def test_a_broker_that_does_not_answer_is_unhealthy_with_the_lag_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from txstream.streaming.engine import health
+
+    monkeypatch.setattr(health, "PROBE_TIMEOUT_S", 1.0)  # the client's wait, not 8 s
     closed = f"127.0.0.1:{reserve_port()}"  # nothing listens there
     board = MetricsBoard()
     board.seed(3, (), {("half", 0): 5})
