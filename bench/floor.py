@@ -147,13 +147,13 @@ class NothingSink(DataSource):
 
 
 def _start(spark: Any, config: RunConfig, rows_per_batch: int, checkpoint: str,
-           name: str, python_io: bool) -> Any:
+           name: str, python_source: bool, python_sink: bool) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    if python_io:
-        spark.dataSource.register(RowsSource)
-        spark.dataSource.register(NothingSink)
+    spark.dataSource.register(RowsSource)
+    spark.dataSource.register(NothingSink)
+    if python_source:
         keyed = (spark.readStream.format(RowsSource.name()).option("rows", rows_per_batch)
                  .option("keys", config.buckets).load())
     else:
@@ -163,7 +163,7 @@ def _start(spark: Any, config: RunConfig, rows_per_batch: int, checkpoint: str,
     counted = keyed.groupBy("k").applyInPandasWithState(
         count_rows, "k string, rows long", "rows long", "append",
         GroupStateTimeout.ProcessingTimeTimeout)
-    sink = NothingSink.name() if python_io else "noop"
+    sink = NothingSink.name() if python_sink else "noop"
     return (counted.writeStream.format(sink).outputMode("append").queryName(name)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{config.trigger_ms} milliseconds").start())
@@ -184,14 +184,19 @@ def rows_per_batch(tx_per_s: float, batches_per_s: float | None) -> int:
 
 
 def measure_floor(config: RunConfig, rows: int, seconds: float,
-                  meter: CpuMeter, python_io: bool = False) -> FloorResult:
+                  meter: CpuMeter, python_io: bool = False, *,
+                  python_source: bool | None = None, python_sink: bool | None = None
+                  ) -> FloorResult:
     """Run the floor query with ``rows`` per batch for a warm-up (``WARM_UP_S``, or
     ``seconds`` if shorter), then ``seconds``; ``python_io``: with the Python source and sink
-    that do no I/O instead of Spark's built-in ones."""
+    that do no I/O instead of Spark's built-in ones (``python_source``, ``python_sink``: one
+    of them alone)."""
     spark, log = logged_session(config)
     name = f"bench-floor-{uuid.uuid4().hex[:6]}"
     checkpoint = tempfile.mkdtemp(prefix="txstream-bench-floor-")
-    query = _start(spark, config, rows, checkpoint, name, python_io)
+    query = _start(spark, config, rows, checkpoint, name,
+                   python_io if python_source is None else python_source,
+                   python_io if python_sink is None else python_sink)
     return floor_result(rows, seconds, measure_span(query, log, name, seconds, checkpoint),
                         meter)
 

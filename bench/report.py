@@ -154,15 +154,16 @@ def _fixed_cost_lines(cost: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["", f"fixed_cost at {_num(cost['offered_tx_per_s'])} tx/s (idle: "
              f"{_num(cost['idle_cores'], '.2f')} cores)",
-             f"  {'query':<16} {'batch p50':>10} {'planning':>9} {'addBatch':>9} "
+             f"  {'query':<19} {'batch p50':>10} {'planning':>9} {'addBatch':>9} "
              f"{'CPU/batch':>10} {'cores':>6}"]
-    for name in ("floor", "floor_python_io", "floor_kafka", "ceiling", "coordinator"):
+    for name in ("floor", "floor_python_io", "floor_python_source", "floor_python_sink",
+                 "floor_kafka", "ceiling", "coordinator"):
         q = cost.get(name)
         if not q:
             continue
         parts = q["batch_parts_ms_p50"]
         first = q.get("first_batch_ms")
-        lines.append(f"  {name:<16} {_ms(q['batch_ms_p50']):>10} "
+        lines.append(f"  {name:<19} {_ms(q['batch_ms_p50']):>10} "
                      f"{_ms(parts.get('queryPlanning')):>9} {_ms(parts.get('addBatch')):>9} "
                      f"{_ms(q['cpu_ms_per_batch']):>10} {_num(q['cores'], '.2f'):>6}"
                      + (f"   first batch {_ms(first)}" if first is not None else ""))

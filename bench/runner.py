@@ -285,10 +285,18 @@ def _floor_rows(options: BenchOptions, result: dict[str, Any]) -> tuple[float, i
 
 def _connector(config: RunConfig, options: BenchOptions, result: dict[str, Any],
                meter: CpuMeter, say: Callable[[str], None]) -> None:
-    """The floor's query through Spark's Kafka connector (bench.connector)."""
+    """The floor's query through Spark's Kafka connector (bench.connector); first, with only
+    its source or only its sink a Python one: which of the two the Python API's cost is."""
     rate, rows = _floor_rows(options, result)
-    say(f"connector: the floor's query between Spark's Kafka source and sink, {rows:,} rows "
-        f"a batch (at {rate:,.0f} tx/s), {options.latency_seconds:.0f} s")
+    say(f"connector: the floor's query with a Python source only, a Python sink only, then "
+        f"between Spark's Kafka source and sink, {rows:,} rows a batch (at {rate:,.0f} tx/s), "
+        f"{options.latency_seconds:.0f} s each")
+    for variant, source, sink in SPLIT:
+        half = measure_floor(config, rows, options.latency_seconds, meter,
+                             python_source=source, python_sink=sink)
+        result["floor"] = {**(result["floor"] or {}), variant: dataclasses.asdict(half)}
+        say(f"{variant}: busy batch p50 {half.batch_ms_p50} ms, {half.cpu_ms_per_batch} ms "
+            f"CPU per batch, first batch {half.first_batch_ms} ms")
     floor = measure_floor_kafka(config, rows, options.latency_seconds, meter)
     result["floor"] = {**(result["floor"] or {}), "floor_kafka": dataclasses.asdict(floor)}
     say(f"floor_kafka: busy batch p50 {floor.batch_ms_p50} ms, {floor.cores} cores, "
@@ -311,6 +319,11 @@ def _at_rate(latency: dict[str, Any] | None, cpu: dict[str, Any] | None
             "commit_to_visible_ms": latency["commit_to_visible_ms"]}
 
 
+# The floor's query with one Python side: (variant, Python source, Python sink).
+SPLIT = (("floor_python_source", True, False), ("floor_python_sink", False, True))
+FLOORS = ("floor", "floor_python_io", "floor_python_source", "floor_python_sink", "floor_kafka")
+
+
 def fixed_cost(result: dict[str, Any]) -> dict[str, Any] | None:
     """Spark's floor, the ceiling (txstream's source and sink) and the coordinator side by
     side at one offered rate: where a near-empty batch's time and CPU go."""
@@ -324,7 +337,7 @@ def fixed_cost(result: dict[str, Any]) -> dict[str, Any] | None:
               "first_batch_ms")
     return {"offered_tx_per_s": result["offered_tx_per_s"],
             **{variant: None if variant not in floors else {k: floors[variant][k] for k in fields}
-               for variant in ("floor", "floor_python_io", "floor_kafka")},
+               for variant in FLOORS},
             "ceiling": ceiling, "coordinator": coordinator,
             "idle_cores": (result["cpu"].get("coordinator_idle") or {}).get("cores")}
 

@@ -125,7 +125,8 @@ def test_the_connector_phase_runs_the_floor_through_sparks_kafka_connector(
                   "--bootstrap-servers", apache_kafka_settings.bootstrap_servers, timeout_s=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cost = json.loads(proc.stdout.strip().splitlines()[-1])["fixed_cost"]
-    for query in ("floor", "floor_python_io", "floor_kafka"):
+    for query in ("floor", "floor_python_io", "floor_python_source", "floor_python_sink",
+                  "floor_kafka"):
         figures = cost[query]
         assert figures["batch_ms_p50"] > 0 and figures["first_batch_ms"] > 0, query
         assert figures["batch_parts_ms_p50"]["addBatch"] > 0, query
