@@ -43,7 +43,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 DECISIONS = sorted((REPO / "docs" / "decisions").glob("0*.md"))
-_STATUS = re.compile(r"^Status: (accepted|proposed|superseded by \[\d{4}\]\(\d{4}-[a-z0-9-]+\.md\))$")
+_STATUS = re.compile(r"^Status: (accepted|superseded by \[\d{4}\]\(\d{4}-[a-z0-9-]+\.md\))$")
 
 
 @pytest.mark.parametrize("record", DECISIONS, ids=lambda p: p.name[:4])
