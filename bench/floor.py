@@ -183,20 +183,15 @@ def rows_per_batch(tx_per_s: float, batches_per_s: float | None) -> int:
     return max(1, round(2 * tx_per_s * per_batch))
 
 
-def measure_floor(config: RunConfig, rows: int, seconds: float,
-                  meter: CpuMeter, python_io: bool = False, *,
-                  python_source: bool | None = None, python_sink: bool | None = None
-                  ) -> FloorResult:
+def measure_floor(config: RunConfig, rows: int, seconds: float, meter: CpuMeter, *,
+                  python_source: bool = False, python_sink: bool = False) -> FloorResult:
     """Run the floor query with ``rows`` per batch for a warm-up (``WARM_UP_S``, or
-    ``seconds`` if shorter), then ``seconds``; ``python_io``: with the Python source and sink
-    that do no I/O instead of Spark's built-in ones (``python_source``, ``python_sink``: one
-    of them alone)."""
+    ``seconds`` if shorter), then ``seconds``; ``python_source``, ``python_sink``: the Python
+    source, sink that do no I/O instead of Spark's built-in ones."""
     spark, log = logged_session(config)
     name = f"bench-floor-{uuid.uuid4().hex[:6]}"
     checkpoint = tempfile.mkdtemp(prefix="txstream-bench-floor-")
-    query = _start(spark, config, rows, checkpoint, name,
-                   python_io if python_source is None else python_source,
-                   python_io if python_sink is None else python_sink)
+    query = _start(spark, config, rows, checkpoint, name, python_source, python_sink)
     return floor_result(rows, seconds, measure_span(query, log, name, seconds, checkpoint),
                         meter)
 

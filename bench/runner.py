@@ -270,7 +270,8 @@ def _floor(config: RunConfig, options: BenchOptions, result: dict[str, Any],
         f"{rate:,.0f} tx/s), {options.latency_seconds:.0f} s each")
     result["floor"] = {}
     for variant, python_io in (("floor", False), ("floor_python_io", True)):
-        floor = measure_floor(config, rows, options.latency_seconds, meter, python_io)
+        floor = measure_floor(config, rows, options.latency_seconds, meter,
+                              python_source=python_io, python_sink=python_io)
         result["floor"][variant] = dataclasses.asdict(floor)
         say(f"{variant}: busy batch p50 {floor.batch_ms_p50} ms, {floor.cores} cores, "
             f"{floor.cpu_ms_per_batch} ms CPU per batch")
