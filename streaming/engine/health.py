@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ from txstream.streaming.engine.config import HealthThresholds
 from txstream.streaming.engine.metric_totals import MetricsBoard, Position
 from txstream.timer_schedule import Schedule
 
-__all__ = ["LagWatch", "HealthCheck", "HealthThresholds", "query_problem", "PROBE_TIMEOUT_S"]
+__all__ = ["LagWatch", "LagReading", "HealthCheck", "HealthThresholds", "query_problem",
+           "PROBE_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,15 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 8.0
 # Partitions named in one /healthz reason; the count of the others follows.
 SHOWN_TROUBLES = 5
+
+
+@dataclass(frozen=True)
+class LagReading:
+    """The lag and the broker's absence at one instant: read apart, a probe could pass its
+    timeout between them, and one body would show a lag beside "unreachable"."""
+
+    lag: dict[Position, int] | None  # None: not known (yet, or no more: the broker is away)
+    away: tuple[float, str] | None  # (seconds, why) the broker has not answered; None: it does
 
 
 class LagWatch:
@@ -98,23 +109,27 @@ class LagWatch:
         with self._lock:
             return list(self._troubles)
 
-    def lag(self) -> dict[Position, int] | None:
-        """Records behind each partition's end at the last sample; None: not known (yet, or
-        no more: the broker does not answer)."""
-        with self._lock:
-            if self._lag is None or self._unanswered(time.monotonic()) is not None:
-                return None
-            return dict(self._lag)
-
-    def unreachable(self) -> tuple[float, str] | None:
-        """(seconds, why) the broker has not answered for; None while it answers. A sample
-        still waiting after ``PROBE_TIMEOUT_S`` counts: a client may wait far longer."""
+    def reading(self) -> LagReading:
+        """The lag and the broker's absence, both as of now."""
         now = time.monotonic()
         with self._lock:
             if self._unreachable is not None:
                 since, why = self._unreachable
-                return now - since, why
-            return self._unanswered(now)
+                away: tuple[float, str] | None = (now - since, why)
+            else:
+                away = self._unanswered(now)
+            lag = None if self._lag is None or away is not None else dict(self._lag)
+            return LagReading(lag, away)
+
+    def lag(self) -> dict[Position, int] | None:
+        """Records behind each partition's end at the last sample; None: not known (yet, or
+        no more: the broker does not answer)."""
+        return self.reading().lag
+
+    def unreachable(self) -> tuple[float, str] | None:
+        """(seconds, why) the broker has not answered for; None while it answers. A sample
+        still waiting after ``PROBE_TIMEOUT_S`` counts: a client may wait far longer."""
+        return self.reading().away
 
     def unreachable_since(self, since: float) -> bool:
         """Whether the broker was found unreachable at or after ``since`` (monotonic)."""
@@ -322,13 +337,14 @@ class HealthCheck:
         body: dict[str, Any] = {"batches": view.batches}
         if view.last_batch_at is not None:
             body["last_batch_age_s"] = round(time.time() - view.last_batch_at, 3)
-        if self._lag is not None:
-            lag = self._lag.lag()
+        reading = self._lag.reading() if self._lag is not None else None
+        if reading is not None:
+            lag = reading.lag
             body["input_lag"] = None if lag is None else sum(lag.values())  # None: unknown
         overdue = self._overdue_s()
         if overdue is not None:
             body["timer_overdue_s"] = round(overdue, 3)
-        reasons = [r for r in (self._problem(), self._broker_reason(),
+        reasons = [r for r in (self._problem(), self._broker_reason(reading),
                                self._partition_reason(), self._lag_reason(),
                                self._timer_reason(overdue)) if r]
         body["status"] = "unhealthy" if reasons else "ok"
@@ -336,13 +352,11 @@ class HealthCheck:
             body["reasons"] = reasons
         return not reasons, body
 
-    def _broker_reason(self) -> str | None:
-        watch = self._lag
-        away = watch.unreachable() if watch is not None else None
-        if watch is None or away is None:
+    def _broker_reason(self, reading: LagReading | None) -> str | None:
+        if self._lag is None or reading is None or reading.away is None:
             return None
-        seconds, why = away
-        return f"broker {watch.bootstrap_servers} unreachable for {seconds:.0f}s ({why})"
+        seconds, why = reading.away
+        return f"broker {self._lag.bootstrap_servers} unreachable for {seconds:.0f}s ({why})"
 
     def _partition_reason(self) -> str | None:
         troubles = self._lag.troubles() if self._lag is not None else []

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from txstream.streaming.engine.health import (
     HealthCheck,
     HealthThresholds,
+    LagReading,
     LagWatch,
     query_problem,
 )
@@ -86,8 +87,9 @@ class BoardCollector(Collector):
         yield from self._counters(view)
         yield from self._histograms(view)
         yield from self._open(view)
-        yield from self._lag()
-        yield from self._broker()
+        reading = self.sources.lag.reading() if self.sources.lag is not None else None
+        yield from self._lag(reading)
+        yield from self._broker(reading)
         yield from self._heap()
 
     def _counters(self, view: BoardView | None) -> Iterable[Metric]:
@@ -130,8 +132,8 @@ class BoardCollector(Collector):
         yield GaugeMetricFamily("txstream_oldest_pending_age_seconds",
                                 "age of the oldest pending half message (0: none)", value=age)
 
-    def _lag(self) -> Iterable[Metric]:
-        lag = self.sources.lag.lag() if self.sources.lag is not None else None
+    def _lag(self, reading: LagReading | None) -> Iterable[Metric]:
+        lag = reading.lag if reading is not None else None
         if lag is None:
             return
         family = GaugeMetricFamily(
@@ -141,16 +143,15 @@ class BoardCollector(Collector):
             family.add_metric([topic, str(partition)], float(n))
         yield family
 
-    def _broker(self) -> Iterable[Metric]:
+    def _broker(self, reading: LagReading | None) -> Iterable[Metric]:
         if self.sources.restarts is not None:
             yield CounterMetricFamily(
                 "txstream_query_restarts", "restarts of the query from its checkpoint after a "
                 "failure the broker caused (--broker-outage-limit)",
                 value=float(self.sources.restarts()))
-        watch = self.sources.lag
-        if watch is None:
+        if reading is None:
             return
-        away = watch.unreachable()
+        away = reading.away
         yield GaugeMetricFamily("txstream_broker_unreachable_seconds",
                                 "how long the broker has not answered the driver (0: it answers)",
                                 value=0.0 if away is None else round(away[0], 3))

@@ -134,6 +134,24 @@ def test_a_broker_that_does_not_answer_is_unhealthy_with_the_lag_unknown(
     assert stopping.check() == (False, {"status": "stopping", "reasons": ["stopping"]})
 
 
+def test_a_probe_passing_its_timeout_mid_check_never_shows_a_lag_beside_unreachable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One /healthz body is one instant: a clock that moves on between the lag and the
+    broker's reason (a loaded machine) must not give both "input_lag: 0" and "unreachable"."""
+    from txstream.streaming.engine import health
+
+    clock = iter(range(100, 10_000))  # every look at the clock is a second later
+    monkeypatch.setattr(health.time, "monotonic", lambda: float(next(clock)))
+    board = MetricsBoard()
+    watch = LagWatch(KafkaSettings(bootstrap_servers="127.0.0.1:1"), ["half", "end"], board)
+    watch._lag = {("half", 0): 0}  # sampled before; a new sample now waits on the broker
+    watch._sampling_since = 100.0 - health.PROBE_TIMEOUT_S  # timed out at the next look
+    for _ in range(3):  # the probe's timeout passes at one of these checks, or between
+        body = HealthCheck(lambda: None, board, watch).check()[1]
+        unreachable = any("unreachable" in r for r in body.get("reasons", []))
+        assert (body["input_lag"] is None) == unreachable, body
+
+
 _ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
 
 
