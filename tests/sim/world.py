@@ -44,13 +44,19 @@ class World:
         make = MemoryBroker.like_tansu if like_tansu else MemoryBroker
         self.broker = make(f"sim-{seed}-{id(self)}", lambda: self.now,
                            random.Random(rng.getrandbits(64)),
-                           in_flight_probability=in_flight, stale_fetch_probability=stale)
+                           in_flight_probability=in_flight, stale_fetch_probability=stale,
+                           wait=self._waited)
         register(self.broker)
         self.broker_down = False
         self.recreated = False  # the half topic was deleted and made again
         self.slack_ms = 0  # how late a timer may run (batch cadence), set by the schedule
         for topic in (self.topics.half, self.topics.end):
             self.broker.create_topic(topic, partitions)
+
+    def _waited(self, ms: int) -> None:
+        """A client's poll waited ``ms`` for the broker (nothing came): time moves on, so a
+        reader's wait ends on the virtual clock, as the schedule's faults do."""
+        self.now += ms
 
     @property
     def settings(self) -> Any:

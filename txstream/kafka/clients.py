@@ -94,6 +94,9 @@ class CommittedEndConsumer(KafkaConsumer):  # type: ignore[misc]  # kafka-python
             self._fetcher._parse_fetched_data = _capped_at_stable(
                 self._fetcher._parse_fetched_data, self._subscription)
 
+    def monotonic(self) -> float:
+        return time.monotonic()
+
     # kafka-python sends a metadata request to one node and raises when that node refuses
     # the connection: with one node of a cluster down, any metadata question failed now and
     # then (a body read-back, the lag watch). Asked again, it goes to a live node.

@@ -48,7 +48,9 @@ that record and those after it unwritten and the broker consistent).
 For a simulation: txstream keeps clients per process (``cached_client``; the sink's
 ``Delivery`` also remembers topics per bootstrap string): a simulated process that dies must
 drop them (``drop_cached_client`` of every key), or its successor inherits what it held.
-txstream's readers bound their waits with the wall clock (``time.monotonic``), and
+txstream's readers bound their waits with their consumer's clock (``Consumer.monotonic``): the
+wall clock, unless the broker is given ``wait``, which moves its own clock on by each poll's
+timeout (a simulation's schedules then never depend on the machine's speed).
 ``wait_for_broker`` does not wait for a memory broker: it answers now or raises.
 
 kafka-python's consumer quirks, reproduced because real defects live in them (how:
@@ -140,17 +142,22 @@ class MemoryBroker(PartitionFaults):
     the broker's time. ``out_of_range_above_end``: a fetch past the end is out of range.
     ``tells_broker_configs``: ``describe_configs`` of the broker answers
     ``auto.create.topics.enable``. See the module for the two consumer probabilities.
+    ``wait(ms)``: moves ``clock()`` on while a client waits (a poll that brings nothing waits
+    its timeout), so readers bound their waits on the broker's time; None: they wait on the
+    wall clock.
     """
 
     def __init__(self, name: str, clock: Clock, rng: random.Random | None = None, *,
                  auto_create: bool = True, default_partitions: int = 1,
                  honours_log_append_time: bool = True, out_of_range_above_end: bool = True,
                  tells_broker_configs: bool = True, in_flight_probability: float = 0.1,
-                 stale_fetch_probability: float = 0.5, replicas: int = 2) -> None:
+                 stale_fetch_probability: float = 0.5, replicas: int = 2,
+                 wait: Callable[[int], None] | None = None) -> None:
         if not _NAME.match(name):
             raise ConfigError(f"a memory broker's name must be [A-Za-z0-9._-]+, got {name!r}")
         self.name = name
         self.clock = clock
+        self.wait = wait
         self.rng = rng if rng is not None else random.Random(0)
         self.auto_create = auto_create
         self.default_partitions = default_partitions

@@ -19,6 +19,7 @@ stepped over once its records are all taken, as kafka-python's does.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
@@ -221,10 +222,17 @@ class MemoryConsumer(Fetcher):
         records, waiting = self._drain(max_records)
         if up and not waiting:
             self._send_fetch()
-        if records or not up:
-            return records
-        self._maybe_complete()
-        return self._drain(max_records)[0]
+        if not records and up:
+            self._maybe_complete()
+            records = self._drain(max_records)[0]
+        if not records and self._broker.wait is not None:
+            self._broker.wait(timeout_ms)  # nothing came: the poll waited its whole timeout
+        return records
+
+    def monotonic(self) -> float:
+        if self._broker.wait is None:
+            return time.monotonic()
+        return self._broker.clock() / 1000
 
     def _assigned_metadata(self) -> None:
         """kafka-python asks for the assigned topics' metadata (auto-creating them) when the

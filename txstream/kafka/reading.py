@@ -61,13 +61,14 @@ def fetch_ends(consumer: Consumer, tps: Sequence[TopicPartition], starts: Mappin
     """
     ends: dict[Position, int] = {}
     pending = list(tps)
-    deadline = time.monotonic() + timeout_s
+    clock = consumer.monotonic
+    deadline = clock() + timeout_s
     _forget_fetched(consumer, deadline)
     _assign(consumer, pending, starts)
-    polls, started, asked = 0, time.monotonic(), False
+    polls, started, asked = 0, clock(), False
     real = getattr(consumer, "_fetcher", None) is not None
     while pending:
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             missing = sorted(f"{tp.topic}/{tp.partition}" for tp in pending)
             raise ReadFailed(f"no high watermark from the broker for {', '.join(missing)} "
                              f"within {timeout_s:g} s")
@@ -84,7 +85,7 @@ def fetch_ends(consumer: Consumer, tps: Sequence[TopicPartition], starts: Mappin
                 ends[(tp.topic, tp.partition)] = hw
         pending = [tp for tp in pending if (tp.topic, tp.partition) not in ends]
         polls += 1
-        if pending and not asked and _ask_metadata(polls, time.monotonic() - started, real):
+        if pending and not asked and _ask_metadata(polls, clock() - started, real):
             # A partition that has no leader is never fetched: ask the broker what exists.
             asked = True
             pending = _existing(consumer, pending)
@@ -108,7 +109,7 @@ def _forget_fetched(consumer: Consumer, deadline: float) -> None:
         cast(MemoryConsumer, consumer).forget_fetched()  # the in-memory broker's consumer
         return
     while fetcher.in_flight_fetches():
-        if time.monotonic() > deadline:
+        if consumer.monotonic() > deadline:
             raise ReadFailed("a fetch sent earlier is still unanswered; the broker is down")
         time.sleep(0.0005)
     fetcher.close()  # drops the parsed and the paused answers
@@ -254,7 +255,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
     consumer = consumer_for(False)
     patient = consumer.config["fetch_max_wait_ms"] >= PATIENT_FETCH_WAIT_MS
     _assign(consumer, [tp], {(topic, partition): start})
-    progress_at = time.monotonic()
+    progress_at = consumer.monotonic()
     position = start
     while position < end:
         try:
@@ -272,7 +273,7 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             yield Unreadable(topic, partition, bad,
                              f"unreadable record ({type(exc).__name__}: {exc})")
             consumer.seek(tp, bad + 1)
-            position, progress_at = bad + 1, time.monotonic()
+            position, progress_at = bad + 1, consumer.monotonic()
             continue
         for rec in batch.get(tp, ()):
             # Records outside the range (an offset reset after lost data) are another range's,
@@ -284,12 +285,13 @@ def read_range(consumer_for: ConsumerFor, topic: str, partition: int, start: int
             return
         if stop_at_end and now_at == position and not _listed(consumer, topic, partition):
             return  # no leader to fetch from: nothing would ever come
+        waited = consumer.monotonic() - progress_at
         if now_at != position:
-            position, progress_at = now_at, time.monotonic()
-        elif not patient and time.monotonic() - progress_at > PATIENT_AFTER_S:
+            position, progress_at = now_at, consumer.monotonic()
+        elif not patient and waited > PATIENT_AFTER_S:
             consumer, patient = consumer_for(True), True
             _assign(consumer, [tp], {(topic, partition): position})
-        elif time.monotonic() - progress_at > stall_s:
+        elif waited > stall_s:
             raise ReadFailed(
                 f"{topic}/{partition}: stuck at offset {position} while reading [{start}, "
                 f"{end}) for {stall_s:.0f} s; the broker is down or lost these records")
@@ -340,8 +342,9 @@ class TopicReader:
         self._discover()
         out: list[ConsumerRecord] = []
         done: set[TopicPartition] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(self._tps) and time.monotonic() < deadline:
+        clock = self._consumer.monotonic
+        deadline = clock() + timeout_s
+        while len(done) < len(self._tps) and clock() < deadline:
             for recs in self._consumer.poll(timeout_ms=200).values():
                 out.extend(recs)
             for tp in self._tps:

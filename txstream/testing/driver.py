@@ -115,7 +115,7 @@ class TransactionTestDriver:
         self.topics = Topics.with_prefix(topic_prefix) if topic_prefix else Topics()
         self.broker = MemoryBroker(f"txstream-testing-{next(_NAMES)}", lambda: self.now,
                                    random.Random(seed), in_flight_probability=0.0,
-                                   stale_fetch_probability=0.0)
+                                   stale_fetch_probability=0.0, wait=self._waited)
         register(self.broker)
         for topic in (self.topics.half, self.topics.end):
             self.broker.create_topic(topic, 2)
@@ -202,6 +202,10 @@ class TransactionTestDriver:
         topics: it recovers what was decided from its history topic."""
         self._spark.fresh_checkpoint()
         self.coordinator_restarts += 1
+
+    def _waited(self, ms: int) -> None:
+        """A client's poll waited ``ms`` for the broker: the virtual clock moves on."""
+        self.now += ms
 
     def advance(self, seconds: float = 0.0) -> None:
         """Run the coordinator's micro-batches and hand out back-checks until nothing is
