@@ -334,10 +334,14 @@ def test_a_half_sent_to_a_paused_broker_is_in_doubt_stored_and_its_check_rolls_b
     listener, topics = Orders(), Topics.with_prefix(f"p{uuid.uuid4().hex[:8]}_")
     with EmbeddedBroker() as own:
         kafka = KafkaSettings(bootstrap_servers=own.bootstrap_servers)
+        # 3 s: under a loaded machine's queue tansu took over 1 s to acknowledge order 1's end
+        # event, the client dropped the connection, and the paused send then failed before it
+        # was sent (not in doubt).
         with TransactionProducer("pg_doubt", own.bootstrap_servers, listener, topics=topics,
-                                 send_timeout_s=1.0) as p:
+                                 send_timeout_s=3.0) as p:
             p.send_message_in_transaction(Message("Orders", b"order 1"), "order-1")
             wait_until(lambda: p.check_partitions, timeout_s=30)
+            wait_until(lambda: read_topic(kafka, topics.end), timeout_s=30)  # order 1 settled
             with _paused(own), pytest.raises(SendInDoubt) as caught:
                 p.send_message_in_transaction(Message("Orders", b"order 2"), "order-2")
             doubt = caught.value.transaction_id

@@ -19,6 +19,7 @@ from txstream.state.bucket import Bucket
 from txstream.state.effects import NoteKind
 from txstream.state.policy import Policy
 from txstream.state.transaction import BodyGone, Event, Status
+from txstream.streaming.engine.health import LagReading
 from txstream.streaming.engine.key_metrics import (
     BUCKETS_MS,
     KEY_SUMMARIES,
@@ -133,11 +134,8 @@ def test_every_note_kind_is_written_as_its_word() -> None:
 
 
 class _Lag:
-    def lag(self) -> dict[tuple[str, int], int]:
-        return {("half", 0): 0}
-
-    def unreachable(self) -> tuple[float, str] | None:
-        return None
+    def reading(self) -> LagReading:
+        return LagReading({("half", 0): 0}, None)
 
 
 def _documented() -> dict[str, tuple[str, tuple[str, ...]]]:

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 from kafka.consumer.fetcher import ConsumerRecord as KafkaConsumerRecord
 from kafka.producer.future import FutureRecordMetadata
 from kafka.producer.future import RecordMetadata as KafkaRecordMetadata
 
 from txstream.kafka import errors, protocols
+from txstream.kafka.clients import CommittedEndConsumer
 from txstream.kafka.memory_admin import MemoryAdmin
 from txstream.kafka.memory_clients import MemoryProducer, RecordFuture
 from txstream.kafka.memory_consumer import MemoryConsumer
@@ -29,7 +30,7 @@ CLIENTS = [
     # make_producer's TopicTrackingProducer: KafkaProducer, its send() passing all on.
     (protocols.Producer, KafkaProducer),
     (protocols.Producer, MemoryProducer),
-    (protocols.Consumer, KafkaConsumer),
+    (protocols.Consumer, CommittedEndConsumer),  # what make_consumer makes
     (protocols.Consumer, MemoryConsumer),
     (protocols.Admin, KafkaAdminClient),
     (protocols.Admin, MemoryAdmin),
