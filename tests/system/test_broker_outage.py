@@ -197,9 +197,9 @@ def _summary(probes: list[Probe], since: float) -> list[tuple[float, int | None,
 def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing_nothing(
         tmp_path: Path, own_broker: Callable[..., EmbeddedBroker],
         coordinator_processes: Callable[..., CoordinatorProcess]) -> None:
-    """The broker is paused until the query fails for it (its source gives up after 30 s),
-    however long a loaded machine takes to get there; once the broker answers, the query
-    starts again from its checkpoint, within the default limit."""
+    """The broker is paused until the query fails for it (a batch's reads or writes give up;
+    13 s in one run, past 44 s in another on a loaded machine); once the broker answers, the
+    query starts again from its checkpoint, within the default limit."""
     run = _Running.released(own_broker, coordinator_processes, tmp_path / "cp")
     process, port, pid = run.process, run.port, run.broker.pid
     assert pid is not None
@@ -215,11 +215,9 @@ def test_a_pause_past_the_querys_timeouts_restarts_it_from_its_checkpoint_losing
             time.sleep(1.0)
     finally:
         os.kill(pid, signal.SIGCONT)
-    paused_s = time.monotonic() - stopped_at
     reasons = [r for _, status, body in during if status == 503 for r in body["reasons"]]
     assert any(r.startswith(failed) for r in reasons), (
         _summary(during, stopped_at), process.output()[-3000:])
-    assert paused_s > 30, paused_s  # the source's own wait came first
     run.release_more()
     wait_until(lambda: _health(port)[0] == 200, timeout_s=60)
     assert process.running, process.output()
