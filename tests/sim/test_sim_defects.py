@@ -9,8 +9,8 @@ the simulation that moves its schedules may move the seed:
 another. The consumer's retries are outside the simulation: ``tests/client/test_client_retry.py``;
 so are the look's cost (``tests/readback/test_release_index.py``), a release the broker refuses
 (``tests/sinks/test_refused_release.py``), a replay numbered otherwise than its crashed run
-(defect 27, ``tests/readback/test_replay_guard.py``: its seed no longer reproduced once
-readers waited on the schedule's clock, and none was found in 16,000 schedules), the
+(defect 27, ``tests/readback/test_replay_guard.py``: no schedule of the simulation is known
+to break with its old rule, 16,000 searched), the
 answered-checks metric and the interval an answer restores
 (``tests/state/test_check_rules.py``) and the data-loss flag (``tests/cli/test_config.py``).
 
