@@ -29,6 +29,7 @@ from txstream.streaming.engine.spark_settings import (
     tuned_settings,
     with_no_fork_fs,
 )
+from txstream.streaming.engine.warm_python import cold_python, start_warm_python
 
 __all__ = ["build_session", "stop_spark", "end_spark", "on_jvm_signals", "given_settings",
            "submitted", "local_driver"]
@@ -108,6 +109,9 @@ def build_session(
     if local and not submitted():
         # Only where this call starts the JVM and every executor is in it.
         settings = local_driver(settings)
+        start_warm_python()  # before the JVM, which inherits its launcher (0035)
+    else:
+        cold_python()
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", app_name))
     for key, value in settings.items():
         builder = builder.config(key, str(value))

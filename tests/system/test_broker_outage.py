@@ -175,8 +175,16 @@ def test_an_outage_past_the_limit_fails_in_one_line_naming_the_broker(
     killed_at = time.monotonic()
     os.kill(broker.pid, signal.SIGKILL)
     probes = _watch_health(port, 16.0)
-    took = _first_unhealthy_after(probes, killed_at, broker.bootstrap_servers)
-    assert took <= 15.0, f"503 only {took:.1f}s after the broker died"
+    # A batch running at the kill fails at once on the refused connection, before the watch's
+    # sample can say the broker is away (its 8-s timeout): /healthz may first say so.
+    after = [probe for probe in probes if probe[0] >= killed_at]
+    for _, status, body in after:
+        assert status == 200 or any("unreachable" in r or r.startswith("query failed")
+                                    for r in body["reasons"]), after
+    named = [probe for probe in after
+             if probe[1] == 503 and any("unreachable" in r for r in probe[2]["reasons"])]
+    took = _first_unhealthy_after(named or after, killed_at, broker.bootstrap_servers)
+    assert took <= 15.0, f"503 naming the broker only {took:.1f}s after it died"
     assert process.proc is not None
     code = process.proc.wait(timeout=240)
     output = process.output()
