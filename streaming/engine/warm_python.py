@@ -16,6 +16,7 @@ it forked do not depend on it: each ends as Spark's own would.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -31,9 +32,11 @@ import sys
 import tempfile
 import traceback
 import warnings
+from pathlib import Path
 from typing import Any
 
 from txstream.streaming.engine import warm_fork
+from txstream.streaming.engine.local_fs import txstream_cache
 from txstream.streaming.engine.warm_fork import DAEMON, WARM_PYTHON_ENV
 
 __all__ = ["PRELOADED", "WARM_PYTHON_OFF_ENV", "cold_python", "start_warm_python", "serve"]
@@ -70,33 +73,48 @@ _started: dict[str, Any] = {}
 def start_warm_python() -> str | None:
     """Start this driver's warm process (once), and make its launcher the ``PYSPARK_PYTHON``
     of the JVM about to start; the launcher's path, or None where Python stays as it was
-    (turned off, or another interpreter chosen by the user)."""
+    (turned off, another interpreter chosen by the user, or no launcher that may run)."""
     cold_python()
     chosen = {os.environ.get(name, sys.executable) for name in _PYTHONS}
     if os.environ.get(WARM_PYTHON_OFF_ENV, "") not in ("", "0") or chosen != {sys.executable}:
         return None
+    launcher = _launcher()
+    if launcher is None:
+        return None
     proc = _started.get("proc")
     if proc is None or proc.poll() is not None:
-        folder = tempfile.mkdtemp(prefix="txstream-warm-")
-        path = os.path.join(folder, "forks.sock")
-        launcher = os.path.join(folder, "python")
-        with open(launcher, "w") as f:
-            f.write(_LAUNCHER.format(python=shlex.quote(sys.executable),
-                                     shim=shlex.quote(warm_fork.__file__)))
-        os.chmod(launcher, 0o755)
-        if not os.access(launcher, os.X_OK):  # a temporary folder mounted noexec
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
+        path = os.path.join(tempfile.mkdtemp(prefix="txstream-warm-"), "forks.sock")
         # One BLAS thread: a process forked while a thread runs gets only the forking one.
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         _started["proc"] = subprocess.Popen(
             [sys.executable, "-m", __name__, path], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, env=env, start_new_session=True)  # no Ctrl-C of ours
-        _started.update(path=path, launcher=launcher)
+        _started["path"] = path
     os.environ[WARM_PYTHON_ENV] = _started["path"]
-    os.environ[_LAUNCHER_ENV] = _started["launcher"]
-    os.environ.update(dict.fromkeys(_PYTHONS, _started["launcher"]))
-    return str(_started["launcher"])
+    os.environ[_LAUNCHER_ENV] = launcher
+    os.environ.update(dict.fromkeys(_PYTHONS, launcher))
+    return launcher
+
+
+def _launcher(cache: Path | None = None) -> str | None:
+    """The launcher for this interpreter, in txstream's cache: kept there, so that a process
+    that inherited it (a spark-submit started by a driver) still runs Python once that driver
+    and its warm process are gone. None when it cannot be written or run (a cache mounted
+    ``noexec``)."""
+    text = _LAUNCHER.format(python=shlex.quote(sys.executable),
+                            shim=shlex.quote(warm_fork.__file__))
+    folder = cache or txstream_cache()
+    path = folder / f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            made = folder / f".{path.name}.{os.getpid()}"
+            made.write_text(text)
+            made.chmod(0o755)
+            made.replace(path)  # whole, or not there: another driver may be starting too
+    except OSError:
+        return None
+    return str(path) if os.access(path, os.X_OK) else None
 
 
 def cold_python() -> None:

@@ -67,6 +67,33 @@ def test_the_launcher_runs_a_pyspark_module_as_python_would(environment: Any) ->
     assert _run(launcher, "-m", "pyspark.no_such_module").returncode == 1
 
 
+def test_an_inherited_launcher_runs_python_once_its_warm_process_is_gone(
+        environment: Any, tmp_path: Any) -> None:
+    """A spark-submit started by a driver keeps that driver's launcher in its JVM's
+    environment: the driver and its warm process may end first."""
+    launcher = start_warm_python()
+    assert launcher is not None
+    args = ("-m", "pyspark.find_spark_home")
+    cold = _run(sys.executable, *args)
+    gone = tmp_path / "forks.sock"
+    environment.setenv(WARM_PYTHON_ENV, str(gone))  # no socket there
+    assert _run(launcher, *args).stdout == cold.stdout
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as stale:  # a socket no process listens on
+        stale.bind(str(gone))
+        assert _run(launcher, *args).stdout == cold.stdout
+
+
+def test_a_launcher_that_may_not_run_is_not_given_to_spark(tmp_path: Any) -> None:
+    from txstream.streaming.engine.warm_python import _launcher
+
+    made = _launcher(tmp_path)
+    assert made is not None and os.access(made, os.X_OK)
+    os.chmod(made, 0o644)  # as in a cache mounted noexec
+    assert _launcher(tmp_path) is None
+
+
 def test_turned_off_or_with_the_users_own_python_nothing_is_started(environment: Any) -> None:
     environment.setenv(WARM_PYTHON_OFF_ENV, "1")
     assert start_warm_python() is None
