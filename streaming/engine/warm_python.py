@@ -221,8 +221,10 @@ def _run_module(conn: socket.socket, listener: socket.socket, request: dict[str,
                                 RuntimeWarning)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # as the interpreter ends: a message is printed, then 1
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
