@@ -357,6 +357,7 @@ class Simulation:
             ticks += 1
         for _ in range(10):  # what is still in flight: answers, the consumer's reads
             self._tick()
+        self.consumer.step()  # what the last tick's batch released (a tick reads, then runs)
         seen = self.observer.update()
         check_end(world, self.producers.ledger, seen, self.consumer.delivered, sc.policy,
                   self.quiet_since, self.fresh_at)
