@@ -57,7 +57,8 @@ def _held_look(mp: pytest.MonkeyPatch) -> None:
     """0029 under a held high watermark: a new checkpoint's look takes a real-topic partition
     whose leader is short of in-sync replicas, its high watermark held below a predecessor's
     release, for one that holds no release."""
-    mp.setattr(release_index, "unless_held", lambda settings, topic, looked_for: None)
+    for name in ("unless_held", "unless_held_before_ends"):
+        mp.setattr(release_index, name, lambda settings, topic, looked_for: None)
 
 
 GUARDS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {

@@ -32,6 +32,7 @@ import txstream.kafka.clients as clients
 import txstream.kafka.read_back as read_back
 import txstream.kafka.reading as reading
 import txstream.readback.bodies as bodies
+import txstream.readback.release_index as release_index
 import txstream.readback.replay as replay
 import txstream.sources.journal as journal
 import txstream.sources.kafka_source as kafka_source
@@ -313,7 +314,8 @@ def _replay_check_over_a_held_end(mp: pytest.MonkeyPatch) -> None:
     a partition's leader was short of in-sync replicas. A batch died after releasing a
     message without a key into that partition, past its held high watermark; its replay
     wrote it again, into another partition."""
-    mp.setattr(replay, "unless_held", lambda settings, topic, looked_for: None)
+    for name in ("unless_held", "unless_held_before_ends"):
+        mp.setattr(replay, name, lambda settings, topic, looked_for: None)
 
 
 def _lost_copy_taken_as_known(mp: pytest.MonkeyPatch) -> None:
@@ -322,6 +324,16 @@ def _lost_copy_taken_as_known(mp: pytest.MonkeyPatch) -> None:
     batch died before the note) was taken as never written, and the copy released again."""
     mp.setitem(lifecycle.TRANSITIONS, (Status.LOST, lifecycle.Trigger.FOUND_RELEASED),
                (Status.LOST, Action.IGNORE))
+
+
+def _held_end_checked_after_the_ends(mp: pytest.MonkeyPatch) -> None:
+    """28 (a long run): the look for a predecessor's releases and the replay check asked
+    whether a partition's leader was short of in-sync replicas only after they took its ends.
+    A batch died after releasing a message without a key past a held high watermark; the new
+    checkpoint's look took the held end, then asked once the replicas were back, and passed:
+    the message went out again, to another partition."""
+    for module in (release_index, replay):
+        mp.setattr(module, "unless_held_before_ends", lambda settings, topic, looked_for: None)
 
 
 # (name, the old rule put back, a seed that breaks with it, what the oracle says). A negative
@@ -360,6 +372,8 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("25-replay-check-over-a-held-end", _replay_check_over_a_held_end, 1977,
      "released 2 times"),
     ("26-lost-copy-taken-as-known", _lost_copy_taken_as_known, 3685, "released 2 times"),
+    ("28-held-end-checked-after-the-ends", _held_end_checked_after_the_ends, 15030,
+     "released 2 times"),
     # Each recovery guard taken out: the oracle must see each (it once saw neither of the
     # first two).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),

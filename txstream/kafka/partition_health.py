@@ -18,6 +18,7 @@ from txstream.kafka.protocols import Admin
 from txstream.kafka.settings import KafkaSettings
 
 __all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "troubles_of",
+           "unless_held_before_ends",
            "unless_held"]
 
 MIN_ISR = "min.insync.replicas"
@@ -134,3 +135,10 @@ def unless_held(settings: KafkaSettings, topic: str, looked_for: str) -> None:
         raise SendFailed(f"cannot tell whether {looked_for} on {topic}: "
                          f"{'; '.join(map(str, held.values()))}; the batch runs again once "
                          f"its replicas are back")
+
+
+def unless_held_before_ends(settings: KafkaSettings, topic: str, looked_for: str) -> None:
+    """:func:`unless_held`, asked before a look takes ``topic``'s ends: ends taken while a
+    leader holds its high watermark back, then a check made once it no longer does, would
+    pass a look that never read what that leader had acknowledged past it."""
+    unless_held(settings, topic, looked_for)

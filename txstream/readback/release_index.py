@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
-from txstream.kafka.partition_health import unless_held
+from txstream.kafka.partition_health import unless_held, unless_held_before_ends
 from txstream.kafka.read_back import READ_BACK_CHUNK, SKEW_MARGIN_MS, header_text, read_back
 from txstream.kafka.reading import Unreadable, read_range
 from txstream.wire import H
@@ -155,6 +155,7 @@ def released_by_others(settings: KafkaSettings, wanted: Mapping[str, Mapping[str
     for topic, ids in wanted.items():
         # A topic that does not exist yet holds nothing. Asked where the index ends: the
         # broker then sends back next to no records.
+        unless_held_before_ends(settings, topic, f"{len(ids)} message(s) were released")
         ends = probe.topic_ends([topic], _indexed_to(settings, tag, topic), _READ_TIMEOUT_S)
         since = min(ids.values())
         for (_, partition), end in sorted(ends.items()):

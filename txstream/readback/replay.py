@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from txstream.kafka import ConsumerRecord, EndProbe, KafkaSettings, PatientConsumer
-from txstream.kafka.partition_health import unless_held
+from txstream.kafka.partition_health import unless_held, unless_held_before_ends
 from txstream.kafka.read_back import READ_BACK_CHUNK, header_text, read_back
 from txstream.record_ids import id_tag
 from txstream.wire import H
@@ -186,6 +186,7 @@ def _read_back_into(settings: KafkaSettings, sought: Mapping[str, _Sought], sinc
         if not one.missing():
             continue
         # A topic that does not exist yet holds nothing (the sink's first write creates it).
+        unless_held_before_ends(settings, topic, f"{one.missing()} record(s) were written")
         ends = probe.topic_ends([topic], {}, _READ_TIMEOUT_S)
         for (_, partition), end in sorted(ends.items()):
             _scan_partition(consumers, topic, partition, end, tag, since_ms, one)
