@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -146,16 +147,28 @@ class Coordinator:
         refused = refusal_log(schedule_file(str(self.config.checkpoint_dir)))
         self.listener = ProgressListener(emit=self.emit, query_name=self.config.query_name,
                                          refusals=RefusalReader(refused))
-        if self.config.metrics_port is not None or self.emit is not None:
-            from txstream.streaming.engine.metric_totals import seed_from_state
-
-            # Before the query: the pending gauges (and the progress line's pending) start
-            # from what the checkpoint holds.
-            seed_from_state(self.listener.board, self.spark, self.config.checkpoint_dir)
         self.spark.streams.addListener(self.listener)
         self._choose_transactions()
         self.query = self.start_query(self.spark)
+        if self.config.metrics_port is not None or self.emit is not None:
+            self._seed_gauges()
         return self
+
+    def _seed_gauges(self) -> None:
+        """The pending gauges (and the progress line's pending) start from what the checkpoint
+        holds. Read beside the query's first batch, not before it: a restart's commits wait
+        a second less, and the board keeps what a later batch said over the seed."""
+        from txstream.streaming.engine.metric_totals import seed_from_state
+
+        board, spark, location = self.listener.board, self.spark, self.config.checkpoint_dir
+
+        def seed() -> None:
+            try:
+                seed_from_state(board, spark, location)
+            except Exception as exc:  # stopped meanwhile: the gauges stay unknown, as designed
+                log.debug("the pending gauges were not seeded: %s", exc)
+
+        threading.Thread(target=seed, name="txstream-seed-gauges", daemon=True).start()
 
     def _choose_transactions(self) -> None:
         """Which path the sink takes, said in one line (streaming.engine.transactions)."""

@@ -8,10 +8,10 @@ their sum is the coordinator's pending set by producer group.
 
 After a restart no key has run yet: :func:`seed_from_state` reads each key's summary as of
 the last committed batch from the state (:func:`txstream.streaming.engine.state_reader.
-read_key_summaries`) once, before the query starts, with the input offsets that batch had
-read; every later summary replaces it. Until then the open counts are not known
-(:attr:`BoardView.open_known`), and the gauges built on them are left out rather than shown
-as zero.
+read_key_summaries`) once, beside the query's first batch, with the input offsets that batch
+had read; every later summary replaces it, also one that came first. Until then the open
+counts are not known (:attr:`BoardView.open_known`), and the gauges built on them are left out
+rather than shown as zero.
 """
 
 from __future__ import annotations
@@ -209,8 +209,8 @@ class MetricsBoard:
 
 
 def seed_from_state(board: MetricsBoard, spark: Any, checkpoint_dir: str) -> None:
-    """Seed ``board`` from the checkpoint's last committed batch (run before the query starts:
-    every summary the query brings is then newer). A new checkpoint holds nothing open."""
+    """Seed ``board`` from the checkpoint's last committed batch (beside the query: a summary
+    of a later batch stays, :meth:`MetricsBoard.seed`). A new checkpoint holds nothing open."""
     from txstream.streaming.engine.checkpoint import Checkpoint
     from txstream.streaming.engine.state_reader import read_key_summaries
 

@@ -142,10 +142,10 @@ def test_pending_gauges_after_a_restart_come_from_the_state(
     lines: list[str] = []
     second = Coordinator(config, emit=lines.append).start()
     server = serve_coordinator(second)
+    pending = ("txstream_pending_transactions", (("producer_group", group), ("status", "PENDING")))
     try:
-        m = scrape(server.url)
-        assert value(m, "txstream_pending_transactions", status="PENDING",
-                     producer_group=group) == 4
+        # Read beside the query's first batch: known within seconds, and before any batch ran.
+        m = wait_until(lambda: (m := scrape(server.url)).get(pending) == 4 and m, timeout_s=60)
         assert value(m, "txstream_batch_duration_seconds_count") == 0  # none ran yet here
         # The progress line counts those registered before the restart too: one more comes.
         produce(kafka, [half_record(topics, f"{unique}-late", group, real)])
