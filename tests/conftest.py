@@ -38,10 +38,15 @@ FIXTURE_MARKS = {"spark": "spark", "coordinator_processes": "spark", "cluster": 
                  "own_kafka_cluster": "kafka", "broker_processes": "kafka"}
 # Markers of tests that need Spark or a broker: the fast tier is everything else.
 SLOW_MARKS = {"spark", "kafka", "cluster", "crash", "soak"}
-# Tests that share one resource of the machine run on one xdist worker, one after another
-# (--dist loadgroup): the standalone cluster is one per worker that asks for it, and the
-# crash tests each load both cores with a coordinator under traffic.
+# Tests that share one resource run on one xdist worker, one after another (--dist loadgroup):
+# the standalone cluster's (one cluster, and one submission per module), and the crash tests,
+# which each load both cores with a coordinator under traffic. xdist starts the biggest group
+# first. tests/project/test_test_groups.py checks that it honours them.
 GROUPS = {"cluster": "cluster", "crash": "crash"}
+
+
+def group_of(marks: set[str]) -> str | None:
+    return next((group for mark, group in GROUPS.items() if mark in marks), None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups set here
@@ -54,10 +59,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marks = {m.name for m in item.iter_markers()}
         if not marks & SLOW_MARKS:
             item.add_marker("fast")
-        for mark, group in GROUPS.items():
-            if mark in marks:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = group_of(marks)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # The simulation's schedules (on a pool of their own) and the soak, when asked for, are the
+    # longest tests after the groups: first, so that no worker is left waiting for them at the
+    # end.
+    items.sort(key=lambda item: not {"sim", "soak"} & {m.name for m in item.iter_markers()})
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

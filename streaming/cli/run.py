@@ -119,6 +119,9 @@ def run_command(args: argparse.Namespace) -> int:
         failure = ride_out(coordinator, ride, stop)
         if stop.is_set():
             _say("stopping coordinator")
+            # While the query stops, /healthz still answers 503 "stopping": the stack closes
+            # its server first, and a prober would otherwise find the port shut at once.
+            coordinator.stop()
             return 0
     # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
     # py4j log its connection errors, and the verdict must be the last line a user reads.

@@ -127,3 +127,13 @@ def test_the_readme_says_how_many_schedules_make_test_fast_plays() -> None:
         line = next(x for x in (root / doc).read_text().splitlines() if "`make test-fast`" in x
                     and x.startswith("|"))
         assert f"{seeds} simulated schedules" in line, (doc, line)
+
+
+def test_the_readme_says_on_how_many_workers_each_tier_runs() -> None:
+    root = Path(__file__).resolve().parents[2]
+    makefile = (root / "Makefile").read_text()
+    rows = [x for x in (root / "README.md").read_text().splitlines() if x.startswith("|")]
+    for target, variable in (("make test-fast", "FAST_WORKERS"), ("make test", "WORKERS")):
+        [workers] = re.findall(rf"^{variable} \?= (\d+)$", makefile, re.M)
+        line = next(x for x in rows if x.startswith(f"| `{target}` |"))
+        assert f"on {workers} workers" in line, (target, line)
