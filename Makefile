@@ -23,8 +23,8 @@ demo-recovery: setup
 	$(VENV)/bin/txstream demo --recovery
 
 # xdist workers, each with its own broker and Spark session (tests/conftest.py). The Spark
-# tests mostly wait on timers and brokers: 4 use 2 cores half the time (3: 20.2 min, 4: 17.6
-# here on 2026-11-30; 5 slowed every test); the fast tier is all CPU.
+# tests mostly wait on timers and brokers: 4 finish soonest on 2 cores (3 leave them idle, 5
+# slow every test down); the fast tier is all CPU.
 WORKERS ?= 4
 FAST_WORKERS ?= 2
 # Schedules of the simulation in the fast tier (make test plays 1,000).
