@@ -67,19 +67,25 @@ if [ ! -d "$CONNECTOR_DIR/jars" ] || [ "$(cat "$CONNECTOR_DIR/pom.sha256" 2>/dev
   echo "$CONNECTOR_POM_HASH" > "$CONNECTOR_DIR/pom.sha256"
 fi
 # Its class-data archive, for these jars and this JVM: each node starts ~2.5 s sooner (1 node
-# 8.5 -> 5.9 s on 2 cores, docs/operations.md). Without it Kafka only starts slower.
+# 8.5 -> 5.9 s on 2 cores, docs/operations.md). Without it Kafka only starts slower. Made beside
+# the driver's below (each is one JVM's training run, ~15 and ~45 s, on a core of its own).
 JAVA_BUILD=$(java -version 2>&1 | tr '\n' ' ')
-if [ ! -f "$KAFKA_DIR/classes.jsa" ] || [ "$(cat "$KAFKA_DIR/java.version" 2>/dev/null)" != "$JAVA_BUILD" ]; then
-  echo "setup: writing Apache Kafka's class-data archive (starts a broker once)"
-  if "$VENV/bin/python" scripts/kafka_class_archive.py; then
-    echo "$JAVA_BUILD" > "$KAFKA_DIR/java.version"
-  else
-    echo "setup: no class-data archive: Apache Kafka starts without it, slower"
+kafka_archive() {
+  if [ ! -f "$KAFKA_DIR/classes.jsa" ] || [ "$(cat "$KAFKA_DIR/java.version" 2>/dev/null)" != "$JAVA_BUILD" ]; then
+    echo "setup: writing Apache Kafka's class-data archive (starts a broker once)"
+    if "$VENV/bin/python" scripts/kafka_class_archive.py; then
+      echo "$JAVA_BUILD" > "$KAFKA_DIR/java.version"
+    else
+      echo "setup: no class-data archive: Apache Kafka starts without it, slower"
+    fi
   fi
-fi
+}
+kafka_archive &
+KAFKA_ARCHIVE=$!
 # The class-data archive of a local coordinator's driver (Spark's classes, for this class path
 # and JVM): every start is seconds shorter (docs/decisions/0033-class-archive.md). Made once, by
 # a training run of about a minute; without it the coordinator only starts slower.
 "$VENV/bin/python" -m txstream.streaming.engine.class_archive 2>&1 | grep -E "^class-data|Error" \
   || echo "setup: no class-data archive for Spark's driver: the coordinator starts without it"
+wait "$KAFKA_ARCHIVE"
 echo "setup: ready ($("$VENV/bin/python" --version), $(java -version 2>&1 | head -1))"

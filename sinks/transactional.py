@@ -22,7 +22,12 @@ from collections.abc import Iterable
 
 from txstream.errors import SendFailed
 from txstream.kafka import KafkaSettings, Producer, cached_client, drop_cached_client
-from txstream.kafka.transactions import commit_within, fenced, make_transactional_producer
+from txstream.kafka.transactions import (
+    commit_within,
+    fenced,
+    learn_topics,
+    make_transactional_producer,
+)
 from txstream.outputs import KAFKA_MAX_MESSAGE_BYTES
 from txstream.schema import Kind
 from txstream.sinks.delivery import (
@@ -132,6 +137,8 @@ class TransactionalDelivery(Delivery):
         """One transaction: records, then notes; committed unless a record was refused
         (then aborted, and the refusals returned)."""
         self.counts, self.futures, self.refused = Counter(), [], []
+        # A new producer (this id last ran in another worker process) asks for all topics at once.
+        learn_topics(self._producer(), {row.topic for row, _ in (*records, *notes)})
         producer = self._call("begin", lambda p: p.begin_transaction())
         self._send(records)
         if refused := self._acknowledged_or_refused():

@@ -62,10 +62,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = group_of(marks)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    # The simulation's schedules (on a pool of their own) and the soak, when asked for, are the
-    # longest tests after the groups: first, so that no worker is left waiting for them at the
-    # end.
-    items.sort(key=lambda item: not {"sim", "soak"} & {m.name for m in item.iter_markers()})
+    items.sort(key=_start_rank)
+
+
+# Longest first, so that no worker is left alone with a long test at the end: the simulation's
+# schedules (on a pool of their own), the soak and the crash tests, then Spark's tests, then the
+# brokers', then the fast tier, which fills the gaps. xdist starts the cluster's group first.
+_RANKS = (({"sim", "soak", "crash"}, 0), ({"spark"}, 1), ({"kafka"}, 2))
+
+
+def _start_rank(item: pytest.Item) -> int:
+    marks = {m.name for m in item.iter_markers()}
+    return next((rank for names, rank in _RANKS if names & marks), len(_RANKS))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

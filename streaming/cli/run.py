@@ -122,6 +122,9 @@ def run_command(args: argparse.Namespace) -> int:
             # While the query stops, /healthz still answers 503 "stopping": the stack closes
             # its server first, and a prober would otherwise find the port shut at once.
             coordinator.stop()
+            # The batch a stop finds running may still complete and print its line: this one
+            # tells a reader that nothing follows.
+            _say("coordinator stopped")
             return 0
     # Said after the stack has stopped everything: stopping a query whose JVM is gone makes
     # py4j log its connection errors, and the verdict must be the last line a user reads.

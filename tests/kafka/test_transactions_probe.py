@@ -21,6 +21,7 @@ from txstream.kafka.memory import MemoryBroker
 from txstream.kafka.reading import read_topic as read_committed
 from txstream.kafka.transactions import (
     commit_within,
+    learn_topics,
     make_transactional_producer,
     probe_transactions,
 )
@@ -77,3 +78,31 @@ def test_a_commit_the_broker_leaves_unanswered_is_given_up_in_doubt_within_its_t
         assert [r.value for r in seen] == [b"once"]
     finally:
         producer.close(timeout=5)
+
+
+def test_a_new_producer_learns_all_its_topics_in_one_ask(
+        apache_kafka_settings: KafkaSettings) -> None:
+    """learn_topics: every topic known after one metadata round, where each first send would
+    wait a round of its own; a topic already known costs nothing, a fake's producer is left
+    alone."""
+    tag = random.getrandbits(32)
+    topics = [f"learn_{tag}_{n}" for n in range(3)]
+    admin = KafkaAdminClient(bootstrap_servers=apache_kafka_settings.bootstrap_servers)
+    try:
+        admin.create_topics({t: {"num_partitions": 2} for t in topics}, wait_for_metadata=True)
+    finally:
+        admin.close()
+    producer = make_transactional_producer(apache_kafka_settings, f"txstream-learn-{tag}")
+    try:
+        metadata = producer._metadata  # type: ignore[attr-defined]  # the pinned kafka-python's
+        assert all(metadata.partitions_for_topic(t) is None for t in topics)
+        learn_topics(producer, topics, wait_s=10)
+        assert all(metadata.partitions_for_topic(t) == {0, 1} for t in topics)
+        started = time.monotonic()
+        learn_topics(producer, topics, wait_s=10)
+        assert time.monotonic() - started < 0.05
+    finally:
+        producer.close()
+    with MemoryBroker(f"learn-{tag}", Clock()) as broker:
+        fake = make_transactional_producer(broker.settings, "txstream-learn")
+        learn_topics(fake, topics, wait_s=10)  # nothing to learn, nothing raised
