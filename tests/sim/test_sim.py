@@ -75,9 +75,9 @@ def _seed_ranges() -> list[range]:
 
 
 # Spark runs its Python workers with PYTHONHASHSEED 0 (pyspark's SparkContext, unless the
-# user sets one), and so do the simulation's processes. With a random one, the order of sets
-# of strings changed some schedules (seed 9494: 17 batches or 19), so a seed's replay command
-# did not always play what had failed.
+# user sets one), and so do the simulation's processes. Under a random one, the order of sets
+# of strings changes some schedules (seed 9494 runs 19 batches or 17), and a seed's replay
+# command would not always play what failed.
 SPARK_HASH_SEED = "0"
 
 
