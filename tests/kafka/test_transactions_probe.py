@@ -101,6 +101,9 @@ def test_a_new_producer_learns_all_its_topics_in_one_ask(
         started = time.monotonic()
         learn_topics(producer, topics, wait_s=10)
         assert time.monotonic() - started < 0.05
+        started = time.monotonic()
+        learn_topics(producer, ["not a topic's name"], wait_s=10)  # its send says why
+        assert time.monotonic() - started < 1
     finally:
         producer.close()
     with MemoryBroker(f"learn-{tag}", Clock()) as broker:

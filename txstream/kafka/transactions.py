@@ -109,12 +109,13 @@ def learn_topics(producer: Producer, topics: Iterable[str],
     sender = getattr(producer, "_sender", None)
     if metadata is None or sender is None:  # not kafka-python's (the in-memory broker's)
         return
-    new = [t for t in set(topics) if metadata.partitions_for_topic(t) is None]
-    for topic in new:
+    new = []
+    for topic in {t for t in topics if metadata.partitions_for_topic(t) is None}:
         try:
             sender.add_topic(topic)  # as kafka-python's send does: its thread adds it
         except (TypeError, ValueError):  # an invalid name: its send says so
-            pass
+            continue
+        new.append(topic)
     deadline = time.monotonic() + wait_s
     while new and time.monotonic() < deadline:
         answered = threading.Event()
