@@ -26,6 +26,7 @@ from txstream.kafka import (
     TopicPartition,
     Unreadable,
     read_range,
+    topic_ids,
 )
 from txstream.kafka.errors import KafkaError
 from txstream.kafka.reading import MAX_RECORDS_PER_POLL
@@ -39,6 +40,7 @@ __all__ = [
     "ROWS_PER_BATCH",
     "SourceOptions",
     "SourceReadError",
+    "RecordsGone",
     "TopicSlice",
     "SliceGroup",
     "Unreadable",
@@ -59,6 +61,18 @@ FETCH_BYTES = 1 << 20
 
 class SourceReadError(ReadFailed):
     """A partition could not deliver the records it was planned to (broker down, data lost)."""
+
+
+class RecordsGone(SourceReadError):
+    """The broker answers that a slice's records from ``at`` on are not there: its partition
+    ends at or before ``at`` (or no longer exists), or, ``recreated``, its topic was deleted
+    and created again since the batch was planned. A partition's end can go back for a while
+    with nothing lost (a new leader's high watermark): only a topic created again is proof."""
+
+    def __init__(self, message: str, at: int, recreated: bool) -> None:
+        super().__init__(message)
+        self.at = at
+        self.recreated = recreated
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,9 @@ class TopicSlice(InputPartition):
     # A half topic slice read again by a recovery: its records below this offset may have
     # been read, and released, by a coordinator before this checkpoint (sources.journal).
     again_below: int = 0
+    # The topic's id (KIP-516) when the batch was planned: records missing under another id
+    # are gone for good; under the same one they may come back (RecordsGone).
+    topic_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,21 +227,36 @@ def high_watermarks(
         raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
 
 
-def _gone(options: SourceOptions, part: TopicSlice, at: int) -> bool:
-    """Whether the broker answers that the partition no longer holds offset ``at``: it does
-    not exist, or it ends at or before it."""
+def _gone(options: SourceOptions, part: TopicSlice, at: int) -> RecordsGone | None:
+    """Why the broker answers that the partition no longer holds offset ``at`` (it does not
+    exist, or it ends at or before it, or its topic has another id than when planned); None
+    if it holds it, or does not answer (the broker is down, not the records gone)."""
     try:
         ends = high_watermarks(options, {part.topic: [part.partition]}, {})
+        with metadata_calls(options):
+            consumer = consumer_for(options, "offsets")
+            consumer.topics()  # fresh metadata: the ids of a topic created again
+            now_id = topic_ids(consumer, [part.topic]).get(part.topic)
     except SourceReadError:
-        return False  # no answer: the broker is down, not the records gone
+        return None
+    recreated = part.topic_id is not None and now_id not in (None, part.topic_id)
     end = ends.get((part.topic, part.partition))
-    return end is None or end <= at
+    if not recreated and end is not None and end > at:
+        return None
+    where = f"{part.topic}/{part.partition}"
+    why = (f"{part.topic} was deleted and created again (its id changed from {part.topic_id} "
+           f"to {now_id})" if recreated else f"{where} does not exist" if end is None
+           else f"{where} ends at {end}, at or before offset {at} of the batch's [{part.start}, "
+           f"{part.end})")
+    return RecordsGone(why, at, recreated)
 
 
 def read_slice(options: SourceOptions, part: TopicSlice
                ) -> Iterator[ConsumerRecord | Unreadable]:
     """The records of ``part`` in order (ConsumerRecord, or Unreadable for one kafka-python
-    cannot parse); raises SourceReadError if they do not all arrive in time."""
+    cannot parse); raises SourceReadError if they do not all arrive in time, RecordsGone
+    (with ``fail_on_data_loss=false``) if the broker answers that they are not there.
+    Whether they are gone for good is the reader's to judge (sources.loss_watch)."""
     reader = _reader(options, part.topic)
     at = part.start
     try:
@@ -234,12 +266,10 @@ def read_slice(options: SourceOptions, part: TopicSlice
             yield rec
     except ReadFailed as exc:
         reader.drop()
-        if options.fail_on_data_loss or not _gone(options, part, at):
-            raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
-        # A batch planned before its records were lost (a replay after the topic was created
-        # again): the planner reads the partition again from its start (sources.data_loss).
-        log.warning("%s/%d: records [%d, %d) are gone (fail_on_data_loss=false): skipped",
-                    part.topic, part.partition, at, part.end)
+        gone = None if options.fail_on_data_loss else _gone(options, part, at)
+        if gone is not None:
+            raise gone from None
+        raise SourceReadError(f"broker {options.kafka.bootstrap_servers}: {exc}") from None
     except Exception as exc:
         reader.drop()
         raise SourceReadError(

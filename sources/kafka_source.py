@@ -56,6 +56,7 @@ from pyspark.sql.streaming.datasource import (
 
 from txstream.kafka.partition_health import troubles_of
 from txstream.schema import EVENT_SCHEMA, EventKind, EventRow
+from txstream.sources.data_loss import TOPIC_IDS
 from txstream.sources.event_rows import (
     arrow_schema,
     progress_row,
@@ -77,9 +78,8 @@ from txstream.sources.kafka_io import (
     group_slices,
     high_watermarks,
     metadata_calls,
-    read_slice,
 )
-from txstream.sources.loss_watch import LossWatch
+from txstream.sources.loss_watch import LossWatch, read_past_loss
 from txstream.sources.offsets import Offsets, canonical, records_of, spread_budget
 from txstream.sources.progress import ENDS_READ, ProgressClock
 from txstream.sources.topic_watch import TopicWatch
@@ -316,6 +316,7 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         slices = []
         journal = Journal.of(end.get(JOURNAL))
         again = journal.again if journal is not None else {}
+        planned_ids = end.get(TOPIC_IDS) or {}
         for topic, parts in records_of(end).items():
             half = topic == self.options.half_topic
             kind = EventKind.HALF if half else EventKind.END
@@ -323,7 +324,8 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin = int(start.get(topic, {}).get(p, 0))
                 if stop > begin:
                     slices.append(TopicSlice(topic, int(p), begin, int(stop), kind,
-                                             again.get(int(p), 0) if half else 0))
+                                             again.get(int(p), 0) if half else 0,
+                                             planned_ids.get(topic)))
         if journal is not None and self.options.journal_topic is not None:
             for partition, begin, stop in journal.ranges(Journal.of(start.get(JOURNAL))):
                 slices.append(TopicSlice(self.options.journal_topic, partition, begin, stop,
@@ -371,11 +373,11 @@ class KafkaEventReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _rows(self, part: TopicSlice) -> Iterator[EventRow]:
         layout = self.options.key_layout
         if part.kind == EventKind.OUTCOME:
-            yield from outcome_rows((r for r in read_slice(self.options, part)
+            yield from outcome_rows((r for r in read_past_loss(self.options, part)
                                      if not isinstance(r, Unreadable)), layout)
             return
         is_half = part.kind == EventKind.HALF
-        for rec in read_slice(self.options, part):
+        for rec in read_past_loss(self.options, part):
             if isinstance(rec, Unreadable):
                 yield unreadable_row(is_half, rec.partition, rec.offset, rec.error)
             else:

@@ -6,20 +6,35 @@ below for ``loss_confirm_ms`` (a new leader's high watermark catching up looks t
 moment), and never while its leader is short of in-sync replicas (its high watermark then
 stays where it was, however long). Meanwhile it is not read. Lost partitions fail the query,
 or, with ``fail_on_data_loss=false``, are read again from offset 0.
+
+A task reading a planned batch judges by the same rule (:func:`read_past_loss`): records the
+broker answers are not there are skipped only once it has said so for ``loss_confirm_ms``, or
+at once if their topic was created again. A held high watermark (a stall after a leader
+election) otherwise skipped half messages stored below it, for good: the checkpoint moved on
+past them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
+from txstream.kafka import ConsumerRecord
 from txstream.kafka.partition_health import troubles_of
 from txstream.sources.data_loss import TOPIC_IDS, Loss, find_loss
-from txstream.sources.kafka_io import SourceOptions, SourceReadError
+from txstream.sources.kafka_io import (
+    RecordsGone,
+    SourceOptions,
+    SourceReadError,
+    TopicSlice,
+    Unreadable,
+    read_slice,
+)
 from txstream.sources.offsets import Offsets
 
-__all__ = ["LossWatch"]
+__all__ = ["LossWatch", "read_past_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +83,29 @@ class LossWatch:
         for why in loss.why:
             log.warning("%s: reading it again from offset 0", why)
         return set(loss.partitions)
+
+
+def read_past_loss(options: SourceOptions, part: TopicSlice
+                   ) -> Iterator[ConsumerRecord | Unreadable]:
+    """The records of ``part`` (:func:`~txstream.sources.kafka_io.read_slice`), skipping the
+    rest of it only once the broker's answer that they are gone is confirmed: at once for a
+    topic created again, else after ``loss_confirm_ms`` of asking (each read waits
+    ``read_timeout_ms`` before it gives up), never while the leader is short of replicas."""
+    waited = [0]
+    watch = LossWatch(options, lambda: waited[0])
+    key = (part.topic, str(part.partition))
+    while True:
+        try:
+            for rec in read_slice(options, part):
+                part = replace(part, start=rec.offset + 1)
+                yield rec
+            return
+        except RecordsGone as gone:
+            part = replace(part, start=gone.at)
+            why = str(gone)
+            loss = Loss(frozenset({key}), (why,), {} if gone.recreated else {key: why})
+            if watch.confirmed(loss).partitions:
+                log.warning("%s: records [%d, %d) are gone (fail_on_data_loss=false): skipped",
+                            why, gone.at, part.end)
+                return
+            waited[0] += options.read_timeout_ms

@@ -35,6 +35,7 @@ import txstream.readback.bodies as bodies
 import txstream.readback.release_index as release_index
 import txstream.readback.replay as replay
 import txstream.sources.journal as journal
+import txstream.sources.kafka_io as kafka_io
 import txstream.sources.kafka_source as kafka_source
 import txstream.sources.loss_watch as loss_watch
 import txstream.sources.topic_watch as topic_watch
@@ -336,6 +337,20 @@ def _held_end_checked_after_the_ends(mp: pytest.MonkeyPatch) -> None:
         mp.setattr(module, "unless_held_before_ends", lambda settings, topic, looked_for: None)
 
 
+def _held_end_taken_for_gone(mp: pytest.MonkeyPatch) -> None:
+    """29 (a long run): a task reading a planned batch took a partition ending at or before
+    its records for records gone at once (fail_on_data_loss=false, after a topic was created
+    again). A stall held the half partition's high watermark below a half message a crashed
+    batch had planned; its replay skipped it, the checkpoint moved past it, and the
+    transaction never ended."""
+    def read(options: Any, part: Any) -> Any:
+        try:
+            yield from kafka_io.read_slice(options, part)
+        except kafka_io.RecordsGone:
+            return
+    mp.setattr(kafka_source, "read_past_loss", read)
+
+
 # (name, the old rule put back, a seed that breaks with it, what the oracle says). A negative
 # seed plays its schedule on the ordered path (no Kafka transactions), where it was found.
 DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
@@ -374,6 +389,7 @@ DEFECTS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], int, str]] = [
     ("26-lost-copy-taken-as-known", _lost_copy_taken_as_known, 3685, "released 2 times"),
     ("28-held-end-checked-after-the-ends", _held_end_checked_after_the_ends, 15030,
      "released 2 times"),
+    ("29-held-end-taken-for-gone", _held_end_taken_for_gone, 67913, "never ended"),
     # Each recovery guard taken out: the oracle must see each (it once saw neither of the
     # first two).
     ("guard-journal", GUARDS["journal"], 19, "released 2 times"),
