@@ -226,7 +226,8 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     assert reader.latestOffset(old_checkpoint, ReadAllAvailable())[topics.half] == {
         "0": 12, "1": 3}
     slices = reader.partitions(old_checkpoint, latest)
-    assert slices == [SliceGroup((TopicSlice(topics.half, 1, 0, 3, EventKind.HALF),),
+    assert slices == [SliceGroup((TopicSlice(topics.half, 1, 0, 3, EventKind.HALF, 0,
+                                             latest[TOPIC_IDS][topics.half]),),
                                  latest[ENDS_READ]["at"])]
     assert sum(b.num_rows for b in _read(kafka, topics, slices[0])) == 3 + 1  # and progress
 

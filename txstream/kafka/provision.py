@@ -27,6 +27,7 @@ from txstream.kafka.settings import KafkaSettings
 from txstream.topics import DLQ_PREFIX, RETRY_PREFIX, Topics, validate_topic
 
 __all__ = [
+    "admin_errors",
     "DEFAULT_PARTITIONS",
     "DEFAULT_RETENTION_MS",
     "EXISTS",
@@ -249,11 +250,11 @@ class TopicState:
 
 
 @contextmanager
-def admin_client(settings: KafkaSettings) -> Iterator[Admin]:
-    """An admin client, closed after; a Kafka error in the block becomes one clear line."""
-    admin = make_admin(settings)
+def admin_errors(settings: KafkaSettings) -> Iterator[None]:
+    """A Kafka error of an admin request in the block as one clear line: BrokerUnavailable if
+    it may pass (retriable, a connection), ConfigError if the broker refused."""
     try:
-        yield admin
+        yield
     except KafkaError as exc:
         what = f"{type(exc).__name__}: {exc}"
         if getattr(exc, "retriable", False) or "Connection" in type(exc).__name__:
@@ -261,6 +262,15 @@ def admin_client(settings: KafkaSettings) -> Iterator[Admin]:
                                     f"an admin request ({what})") from None
         raise ConfigError(f"Kafka at {settings.bootstrap_servers} refused an admin request "
                           f"({what})") from None
+
+
+@contextmanager
+def admin_client(settings: KafkaSettings) -> Iterator[Admin]:
+    """An admin client, closed after; a Kafka error in the block becomes one clear line."""
+    admin = make_admin(settings)
+    try:
+        with admin_errors(settings):
+            yield admin
     finally:
         admin.close()
 
