@@ -24,9 +24,10 @@ __all__ = ["PartitionTrouble", "partition_troubles", "min_insync_replicas", "tro
 
 MIN_ISR = "min.insync.replicas"
 _ASK_AGAIN_FOR_S = 5.0
-# One admin client per process and cluster, kept: a new one's connection and metadata cost
-# ~17 ms on Apache Kafka, a kept one answers in ~2 ms, and a fenced sink task's look asks
-# several times. kafka-python's clients are not thread-safe: one ask at a time.
+# One admin client per process and cluster, kept: a new one pays a connection and a metadata
+# round at every ask, and a fenced sink task's look asks four times (figures in
+# docs/decisions/0032-transactions.md). kafka-python's clients are not thread-safe: one ask at
+# a time.
 _KEPT_LOCK = threading.Lock()
 
 
@@ -100,8 +101,8 @@ def _trouble(topic: str, part: Mapping[str, Any], min_in_sync: int) -> Partition
 
 def troubles_of(settings: KafkaSettings, topics: Sequence[str]
                 ) -> dict[tuple[str, int], PartitionTrouble]:
-    """:func:`partition_troubles` of ``topics``, asked with the process's kept admin
-    client, by (topic, partition). A leader short of in-sync replicas also keeps its high watermark
+    """:func:`partition_troubles` of ``topics``, asked with the process's kept admin client,
+    by (topic, partition). A leader short of in-sync replicas also keeps its high watermark
     where it was (Kafka 4, KIP-966): a reader finds such a partition ending below records it
     read before, none of them lost."""
     from txstream.kafka.clients import ClientSlot, ask_while_refused, make_admin
