@@ -245,6 +245,17 @@ def test_latest_offset_limits_and_new_partitions(kafka, topics) -> None:
     assert records_of(reader.latestOffset(latest, ReadAllAvailable())) == records_of(latest)
 
 
+def _create_again(kafka: KafkaSettings, topic: str) -> None:
+    """Delete ``topic`` and create it again, with 1 partition."""
+    admin = make_admin(kafka)
+    try:
+        admin.delete_topics([topic])
+        wait_until(lambda: topic not in admin.list_topics() or None)
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+
+
 def _ids(kafka: KafkaSettings, topics: Topics) -> dict[str, str]:
     consumer = make_consumer(kafka)
     try:
@@ -269,13 +280,7 @@ def test_a_half_topic_created_again_is_read_again_even_past_the_checkpoint(kafka
 
     read = wait_until(planned)
     before = _ids(kafka, topics)
-    admin = make_admin(kafka)
-    try:
-        admin.delete_topics([topics.half])
-        wait_until(lambda: topics.half not in admin.list_topics() or None)
-        admin.create_topics([NewTopic(topics.half, 1, 1)])
-    finally:
-        admin.close()
+    _create_again(kafka, topics.half)
     produce(kafka, [_half(topics, f"N{i}") for i in range(5)])
     after = wait_until(lambda: (ids := _ids(kafka, topics))[topics.half] != before[
         topics.half] and ids)
@@ -321,13 +326,7 @@ def test_a_planned_batch_past_a_partitions_end_waits_for_it_and_skips_only_a_new
         assert _halves_read(reader, start, past) == ["T0", "T1", "T2", "T3"]
     finally:
         late.join()
-    admin = make_admin(kafka)
-    try:
-        admin.delete_topics([topics.half])
-        wait_until(lambda: topics.half not in admin.list_topics() or None)
-        admin.create_topics([NewTopic(topics.half, 1, 1)])
-    finally:
-        admin.close()
+    _create_again(kafka, topics.half)
     wait_until(lambda: _ids(kafka, topics).get(topics.half) not in (None, ids[topics.half])
                or None)
     began = time.monotonic()  # gone for good: not waited for the 60 s of loss_confirm_ms
