@@ -349,8 +349,10 @@ class Simulation:
         world.set_down(False)
         self.producers.away.clear()
         self.down_until = 0
-        # From when every partition takes writes again (a stall may outlast the traffic).
-        settle_until = max(world.now, self.refusing_until) + self._settling_time()
+        # From when every partition takes writes again (a stall may outlast the traffic), and
+        # long enough for a life a late copy starts after the traffic to end too.
+        settle_until = max(max(world.now, self.refusing_until) + self._settling_time(),
+                           self._last_due() + self._life_time())
         ticks = 0
         while world.now < settle_until and (ticks % 5 or not self._all_ended()):
             self._tick()
@@ -385,9 +387,19 @@ class Simulation:
         faults["answers racing the next check"] += self.producers.late_answers
 
     def _settling_time(self) -> int:
+        return self.sc.policy.reserved_time + self._life_time()
+
+    def _life_time(self) -> int:
+        """How long a life takes to end once its half message is in: its checks, answered or
+        not, and the end event it may wait for, with the settling time's slack."""
         p = self.sc.policy
-        return (p.reserved_time + p.check_interval * (p.check_max + 2) * p.check_backoff_max
+        return (p.check_interval * (p.check_max + 2) * p.check_backoff_max
                 + p.orphan_end_timeout + 30_000)
+
+    def _last_due(self) -> int:
+        """When the last send the producers have scheduled is due (a late copy of a half
+        message may come up to twice the reserved time after its first send)."""
+        return max((at for at, _, _ in self.producers.later), default=self.world.now)
 
     def _all_ended(self) -> bool:
         if self.producers.queue or self.producers.later or self.producers.resend_coming():

@@ -196,3 +196,12 @@ def test_a_release_in_the_last_tick_is_delivered_before_the_verdict(seed: int) -
     tick's batch wrote (here a lost release's copy sent again) was never read, and the oracle
     found it released but delivered 0 times (a long run's seed)."""
     run(seed)
+
+
+def test_a_life_a_late_copy_starts_after_the_traffic_has_time_to_end() -> None:
+    """Seed 95,654 of a long run: a half message's late copy came 79.6 s into the run and began
+    a life (UNKNOW, checks answered late) that the settling, counted from the traffic's end,
+    cut off after 7 s: the oracle said "never ended". The settling now also gives the life
+    the last scheduled send starts its checks and its slack."""
+    run(95654)
+
