@@ -27,8 +27,8 @@ demo-recovery: setup
 # slow every test down); the fast tier is all CPU.
 WORKERS ?= 4
 FAST_WORKERS ?= 2
-# Schedules of the simulation in the fast tier (make test plays 1,000): 50 keep the tier under
-# a minute on a slower host; 100 took 62 s of it on one with a 1.9-s spin.
+# Schedules of the simulation in the fast tier (make test plays 1,000): a sample, to keep the
+# tier near a minute on 2 cores (README has its time).
 FAST_SIM_SEEDS ?= 50
 
 # Everything that needs neither Spark nor a broker (the simulation included): ~1 min on 2 cores.
