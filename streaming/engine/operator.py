@@ -28,7 +28,8 @@ from txstream.state.policy import Policy
 from txstream.streaming.engine.key_step import INPUT, KeyOutput, KeyStep
 from txstream.topics import Topics
 
-__all__ = ["coordinator_function", "in_replay_order", "ends_read_of", "output_frame"]
+__all__ = ["coordinator_function", "pandas_function", "call_step", "in_replay_order",
+           "columns_in_replay_order", "ends_read_of", "output_frame", "output_columns"]
 
 # Recovered outcomes first (a re-read event then finds them), then half messages (an end event
 # in the same batch then finds its half), then end events; progress rows carry nothing to apply.
@@ -52,8 +53,16 @@ def in_replay_order(frames: Iterator[pd.DataFrame]) -> Iterable[tuple[Any, ...]]
     if not parts:
         return ()
     # Column by column: a key's rows in several frames (Arrow batches) need no pd.concat.
-    columns = [parts[0][name].to_numpy() if len(parts) == 1
-               else np.concatenate([f[name].to_numpy() for f in parts]) for name in INPUT]
+    return columns_in_replay_order(
+        [parts[0][name].to_numpy() if len(parts) == 1
+         else np.concatenate([f[name].to_numpy() for f in parts]) for name in INPUT])
+
+
+def columns_in_replay_order(columns: Sequence[Any]) -> Iterable[tuple[Any, ...]]:
+    """:func:`in_replay_order` of a key's rows given as numpy arrays, one per
+    :data:`~txstream.streaming.engine.key_step.INPUT` column."""
+    if not len(columns[0]):
+        return ()
     kind, partition, offset = columns[0], columns[1], columns[2]
     order = np.lexsort((offset, partition, _RANK[kind.astype(np.int64)]))
     return zip(*(column[order].tolist() for column in columns), strict=True)
@@ -100,12 +109,18 @@ def output_frame(rows: Sequence[OutputRow]) -> pd.DataFrame:
     Every call builds one, a key with only its timer row too: the columns are made as arrays
     pandas takes as they are (no inference, no copy), not value by value.
     """
-    columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
     return pd.DataFrame(
-        {name: _ints(values, _INTS[kind]) if kind in _INTS else _objects(values)
-         for (name, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)},
+        dict(zip((name for name, _ in OUTPUT_COLUMNS), output_columns(rows), strict=True)),
         copy=False,  # the dict's order is the columns' (columns= would cost a reindex)
     )
+
+
+def output_columns(rows: Sequence[OutputRow]) -> list[Any]:
+    """The columns of ``rows`` as :func:`output_frame` holds them (object arrays, and pandas'
+    nullable integer arrays), which ``pa.Array.from_pandas`` takes as they are."""
+    columns = list(zip(*rows)) if rows else [()] * len(OUTPUT_COLUMNS)
+    return [_ints(values, _INTS[kind]) if kind in _INTS else _objects(values)
+            for (_, kind), values in zip(OUTPUT_COLUMNS, columns, strict=True)]
 
 
 def _keep(state: Any, out: KeyOutput) -> None:
@@ -125,17 +140,30 @@ def coordinator_function(
     :class:`~txstream.streaming.engine.key_step.KeyStep`'s. The history rows are always
     emitted: the query's counters are read from them before ``--no-history`` filters them
     out."""
-    step = KeyStep(policy, topics, kafka, max_body, max_record)
+    return pandas_function(KeyStep(policy, topics, kafka, max_body, max_record))
+
+
+def pandas_function(
+    step: KeyStep,
+) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
+    """:func:`coordinator_function` around a step already made."""
 
     def coordinate(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        settle()
-        now = int(state.getCurrentProcessingTimeMs())
-        ends_read = ends_read_of(state, now)
-        bucket = Bucket.decode(state.get[0] if state.exists else None)
-        out = step.run(int(key[0]), bucket, in_replay_order(frames), now, ends_read)
-        _keep(state, out)
-        yield output_frame(out.rows)
+        yield output_frame(call_step(step, key, in_replay_order(frames), state).rows)
 
     return coordinate
+
+
+def call_step(step: KeyStep, key: tuple[Any, ...], rows: Iterable[tuple[Any, ...]],
+              state: Any) -> KeyOutput:
+    """One call of ``step`` with Spark's ``GroupState``: the batch's time and watermark and the
+    key's state read from it; the state saved and the timeout armed on it."""
+    settle()
+    now = int(state.getCurrentProcessingTimeMs())
+    ends_read = ends_read_of(state, now)
+    bucket = Bucket.decode(state.get[0] if state.exists else None)
+    out = step.run(int(key[0]), bucket, rows, now, ends_read)
+    _keep(state, out)
+    return out

@@ -39,7 +39,7 @@ from txstream.sinks.kafka_sink import SinkOptions
 from txstream.sources.kafka_io import SourceOptions
 from txstream.state.keys import KeyLayout
 from txstream.state.policy import Policy
-from txstream.streaming.engine.operator import coordinator_function
+from txstream.streaming.engine.key_step import KeyStep
 from txstream.testing.spark_model import SimCrash, SparkModel
 from txstream.topics import Topics
 from txstream.wire import H, decode_half
@@ -141,7 +141,7 @@ class TransactionTestDriver:
                            transactional_id=f"txstream-{topics.half}" if transactions else None)
         return SparkModel(
             source=source, sink=sink,
-            function_of=lambda: coordinator_function(self.policy, topics, settings),
+            step_of=lambda: KeyStep(self.policy, topics, settings),
             partitions=layout.partitions, clock=lambda: self.now, rng=random.Random(0),
             timer_file=workdir / "timers.json", max_offsets=None)
 

@@ -12,7 +12,11 @@ Structured Streaming's micro-batch loop, as :mod:`txstream.streaming.engine.quer
 - **the stateful operator**: rows grouped by ``state_key``; the function is called per key with
   data (rows in shuffle order, several frames), then per key whose processing-time timeout is
   before the batch's time (``T < batch_ms``) with none; each call gets a ``GroupState`` of the
-  key's last committed state, with no timeout set (it must set one to keep one);
+  key's last committed state, with no timeout set (it must set one to keep one). With
+  ``through_pandas=False`` the model calls the operator's step with the rows the pandas
+  adapter would give it (the same columns, the same order) and takes its rows as they are,
+  without a frame per key: what the simulation's long runs can afford; a test keeps both
+  ways playing alike (``tests/sim/test_sim.py``);
 - **the sink**: the outputs of each shuffle partition are one task of ``send_batches``, under a
   task context naming the run and the batch (the replay check reads them); the driver-side
   commit folds the timers; then the state and the batch commit together;
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +44,19 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BinaryType, Row, StructField, StructType
 from pyspark.taskcontext import TaskContext
 
-from txstream.schema import EventRow, Kind
+from txstream.schema import EventRow, Kind, OutputRow
 from txstream.sinks.kafka_sink import KafkaRecordWriter, SinkCommit, SinkOptions, send_batches
 from txstream.sources.event_rows import arrow_schema, event_struct
 from txstream.sources.kafka_io import SourceOptions
 from txstream.sources.kafka_source import KafkaEventReader
 from txstream.state.keys import spark_partition
+from txstream.streaming.engine.key_step import INPUT, KeyStep
+from txstream.streaming.engine.operator import (
+    call_step,
+    columns_in_replay_order,
+    output_columns,
+    pandas_function,
+)
 from txstream.timer_schedule import Schedule
 
 __all__ = ["SparkModel", "BatchReport", "SimCrash"]
@@ -99,12 +110,13 @@ class SparkModel:
     """One coordinator query over a checkpoint, driven a step at a time."""
 
     def __init__(self, *, source: SourceOptions, sink: SinkOptions,
-                 function_of: Callable[[], Callable[..., Iterator[pd.DataFrame]]],
-                 partitions: int, clock: Callable[[], int], rng: random.Random,
-                 timer_file: Path, max_offsets: int | None) -> None:
+                 step_of: Callable[[], KeyStep], partitions: int, clock: Callable[[], int],
+                 rng: random.Random, timer_file: Path, max_offsets: int | None,
+                 through_pandas: bool = True) -> None:
         self.source = source
         self.sink = sink
-        self._function_of = function_of
+        self._step_of = step_of
+        self.through_pandas = through_pandas
         self.partitions = partitions
         self.clock = clock
         self.rng = rng
@@ -135,7 +147,8 @@ class SparkModel:
         self.run_id = f"{self.source.kafka.bootstrap_servers}-run-{self.runs}"
         self.planner = KafkaEventReader(self.source, self.schema, clock=self.clock)
         self.initial: dict[str, Any] | None = None
-        self.function = self._function_of()
+        self.step_function = self._step_of()
+        self.function = pandas_function(self.step_function)
         self.writer = KafkaRecordWriter(self.sink)
         self._restore_schedule()
 
@@ -217,9 +230,8 @@ class SparkModel:
         report.inputs = _event_rows(table)
         store = dict(self.store)
         outputs = self._operate(table, logged, store)
-        report.timers = [value for frames in outputs.values() for f in frames
-                         for kind, value in zip(f["kind"], f["value"], strict=True)
-                         if kind == Kind.TIMER and value]
+        report.timers = [row.value for row in _rows(outputs)
+                         if row.kind == Kind.TIMER and row.value]
         report.commits = self._write(batch, outputs)
         if crash_at == "written":
             raise SimCrash("after the sink's writes")
@@ -233,54 +245,82 @@ class SparkModel:
         return report
 
     def _operate(self, table: pa.Table, logged: LoggedBatch,
-                 store: dict[int, tuple[bytes, int]]) -> dict[int, list[pd.DataFrame]]:
+                 store: dict[int, tuple[bytes, int]]) -> dict[int, _Output]:
         """The stateful operator: every key with rows, then every key timed out."""
         keys = table.column("state_key").to_pylist()
         by_key: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_key.setdefault(key, []).append(i)
-        out: dict[int, list[pd.DataFrame]] = {}
-        frame = table.to_pandas() if by_key else None  # as Spark converts: Arrow to pandas
+        out: dict[int, _Output] = {}
+        # As Spark converts: Arrow to pandas (the step's columns alone, converted alike).
+        frame = table.to_pandas() if by_key and self.through_pandas else None
+        columns = ([table.column(name).to_pandas().to_numpy() for name in INPUT]
+                   if by_key and not self.through_pandas else [])
         for key in sorted(by_key):
             rows = by_key[key]
             self.rng.shuffle(rows)  # the shuffle's order: the operator must not depend on it
-            out[key] = self._call(key, self._frames(frame, rows), store, logged, False)
+            parts = self._parts(rows)
+            if self.through_pandas:
+                frames = [frame.iloc[part].reset_index(drop=True) for part in parts]
+                out[key] = self._call(key, frames, store, logged, False)
+            else:
+                taken = np.array(rows)  # the parts in their order, as the adapter joins them
+                out[key] = self._call_step(key, columns_in_replay_order(
+                    [column[taken] for column in columns]), store, logged, False)
         timed_out = sorted(k for k, (_, t) in store.items()
                            if k not in by_key and t != _NO_TIMESTAMP and t < logged.batch_ms)
         for key in timed_out:
-            out[key] = self._call(key, [], store, logged, True)
+            out[key] = (self._call(key, [], store, logged, True) if self.through_pandas
+                        else self._call_step(key, (), store, logged, True))
         return out
 
-    def _frames(self, frame: Any, rows: list[int]) -> list[pd.DataFrame]:
+    def _parts(self, rows: list[int]) -> list[list[int]]:
         cut = self.rng.randint(1, max(1, len(rows)))  # a key's rows may come in chunks
         parts = [rows[:cut], rows[cut:]] if cut < len(rows) else [rows]
-        return [frame.iloc[part].reset_index(drop=True) for part in parts if part]
+        return [part for part in parts if part]
 
-    def _call(self, key: int, frames: list[pd.DataFrame], store: dict[int, tuple[bytes, int]],
-              logged: LoggedBatch, timed_out: bool) -> list[pd.DataFrame]:
+    def _state(self, key: int, store: dict[int, tuple[bytes, int]], logged: LoggedBatch,
+               timed_out: bool) -> GroupState:
         blob = store.get(key, (None, _NO_TIMESTAMP))[0]
-        state = GroupState(
+        return GroupState(
             optionalValue=Row(blob) if blob is not None else Row(),
             batchProcessingTimeMs=logged.batch_ms, eventTimeWatermarkMs=logged.watermark,
             timeoutConf=GroupStateTimeout.ProcessingTimeTimeout, hasTimedOut=timed_out,
             watermarkPresent=True, defined=blob is not None, updated=False, removed=False,
             timeoutTimestamp=_NO_TIMESTAMP, keyAsUnsafe=b"", valueSchema=_STATE)
-        frames_out = list(self.function((key,), iter(frames), state))
+
+    @staticmethod
+    def _keep(key: int, state: GroupState, store: dict[int, tuple[bytes, int]]) -> None:
+        """What Spark keeps of a call's ``GroupState``."""
         if state._removed:
             store.pop(key, None)
         elif state._updated:
             store[key] = (state._value[0], state._timeout_timestamp)
         elif key in store:
             store[key] = (store[key][0], state._timeout_timestamp)
+
+    def _call(self, key: int, frames: list[pd.DataFrame], store: dict[int, tuple[bytes, int]],
+              logged: LoggedBatch, timed_out: bool) -> list[pd.DataFrame]:
+        state = self._state(key, store, logged, timed_out)
+        frames_out = list(self.function((key,), iter(frames), state))
+        self._keep(key, state, store)
         return frames_out
 
-    def _write(self, batch: int, outputs: dict[int, list[pd.DataFrame]]) -> list[SinkCommit]:
+    def _call_step(self, key: int, rows: Iterable[tuple[Any, ...]],
+                   store: dict[int, tuple[bytes, int]], logged: LoggedBatch,
+                   timed_out: bool) -> list[OutputRow]:
+        state = self._state(key, store, logged, timed_out)
+        out = call_step(self.step_function, (key,), rows, state)
+        self._keep(key, state, store)
+        return out.rows
+
+    def _write(self, batch: int, outputs: dict[int, _Output]) -> list[SinkCommit]:
         """Each shuffle partition's rows as one sink task, in Arrow as Spark hands them on."""
-        frames: dict[int, list[pd.DataFrame]] = {}
+        parts: dict[int, list[Any]] = {}
         for key, out in outputs.items():
-            frames.setdefault(spark_partition(key, self.partitions), []).extend(out)
-        tasks = {partition: [_record_batch(parts)] for partition, parts in frames.items()
-                 if parts}
+            parts.setdefault(spark_partition(key, self.partitions), []).extend(out)
+        made = _record_batch if self.through_pandas else _record_batch_of_rows
+        tasks = {partition: [made(out)] for partition, out in parts.items() if out}
         commits = []
         for partition in range(self.partitions):
             context = TaskContext._getOrCreate()
@@ -293,6 +333,27 @@ class SparkModel:
             finally:
                 TaskContext._setTaskContext(None)  # type: ignore[arg-type]
         return commits
+
+
+# A key's output: the frames the pandas function yielded, or the step's rows.
+_Output = list[pd.DataFrame] | list[OutputRow]
+
+
+def _rows(outputs: dict[int, _Output]) -> Iterator[OutputRow]:
+    for out in outputs.values():
+        for item in out:
+            if isinstance(item, pd.DataFrame):
+                yield from (OutputRow(*values) for values in item.itertuples(index=False))
+            else:
+                yield item
+
+
+def _record_batch_of_rows(rows: list[OutputRow]) -> pa.RecordBatch:
+    """A task's output rows as the Arrow batch :func:`_record_batch` makes of their frames."""
+    return pa.RecordBatch.from_arrays(
+        [pa.Array.from_pandas(column, type=field.type)
+         for column, field in zip(output_columns(rows), _OUTPUT_ARROW, strict=True)],
+        schema=_OUTPUT_ARROW)
 
 
 def _record_batch(frames: list[pd.DataFrame]) -> pa.RecordBatch:
