@@ -2,8 +2,10 @@
 
 The coordinator's own code runs as it does in production, against an in-memory Kafka
 (``txstream.kafka.memory``, behind the same client factories the I/O code uses): the
-source's planner and reader, the operator (``coordinator_function``, called per state key
-with a ``GroupState``), the timer schedule, the sink's write path with its record ids and
+source's planner and reader, the operator (its per-key step, called per state key with a
+``GroupState`` and the rows its pandas adapter would hand it: ``run(seed,
+through_pandas=True)`` calls the adapter as Spark does, and a test keeps both ways alike),
+the timer schedule, the sink's write path with its record ids and
 replay check, the body read-back, the client's rule for which check request to answer, and
 the consumer's dedup. What stands in for Spark is :mod:`txstream.testing.spark_model` (the
 users' test kit runs on it too): its micro-batch contract (offset log, state versions,

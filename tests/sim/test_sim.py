@@ -112,8 +112,8 @@ def _play_seeds(seeds: list[range], mutant: str | None
     return injected, broken
 
 
-# Alone, 1,000 schedules take 1.5-2.5 min on 2 cores; in make test they share the cores with
-# three workers' Spark tests, and take up to 11 min.
+# Alone, 1,000 schedules take 68 s on 2 cores (README); in make test they share the cores
+# with three workers' Spark tests, and take several minutes.
 @pytest.mark.timeout(1800)
 def test_the_promise_holds_over_seeded_schedules(
         record_property: Callable[[str, object], None]) -> None:
