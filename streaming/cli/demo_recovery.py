@@ -291,9 +291,8 @@ class RecoveryDemo:
         crash = crash_mid_batch(number, self.coordinator, self.o.checkpoint, settings,
                                 self.o.topic, self.o.topics.history)
         self.crashes.append(crash)
-        live.state = "DOWN"
         live.mark(f"*** CRASH {number}: SIGKILL of the coordinator's {crash.processes} "
-                  f"processes; {crash.describe()}")
+                  f"processes; {crash.describe()}", state="DOWN")
         time.sleep(self.o.down_s)  # a supervisor's restart delay; the traffic goes on
         crash.restart_at = time.time()
         self._start_coordinator(settings)

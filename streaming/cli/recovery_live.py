@@ -49,8 +49,15 @@ class Live:
             self.state = "running"
         return line
 
-    def mark(self, text: str) -> None:
+    def mark(self, text: str, state: str | None = None) -> None:
+        """Say ``text``. With ``state``: enter it first, and print the line at once after the
+        text, so that a state shorter than the line's second (a coordinator down for 1 s,
+        under load) is still on a line."""
+        if state is not None:
+            self.state = state
         say(text)
+        if state is not None:
+            say(self.line())
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):

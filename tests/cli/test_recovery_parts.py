@@ -29,6 +29,7 @@ from txstream.streaming.cli.recovery_chart import chart_data, render_html, rende
 from txstream.streaming.cli.recovery_command import recovery_options
 from txstream.streaming.cli.recovery_crash import Crash, Pause
 from txstream.streaming.cli.recovery_ledger import PLANS, Ledger, LedgerListener
+from txstream.streaming.cli.recovery_live import Live
 from txstream.streaming.cli.recovery_story import in_flight_release, replay_said, seen_lines
 from txstream.streaming.cli.recovery_verdict import judge, verdict_lines
 from txstream.streaming.cli.recovery_watch import Release
@@ -280,3 +281,23 @@ def test_the_final_chart_stays_up_on_a_terminal_until_enter(
     holding.join(timeout=10)
     assert not holding.is_alive()
     os.close(writing)
+
+
+class _Seen:
+    def copies(self) -> Counter[str]:
+        return Counter()
+
+    def ended_otherwise(self) -> dict[str, str]:
+        return {}
+
+
+def test_a_state_shorter_than_the_lines_second_is_still_on_a_line(
+        ledger: Ledger, capsys: pytest.CaptureFixture[str]) -> None:
+    """The coordinator is down for ``--down`` seconds (1 in the system test): under load the
+    once-a-second line could miss it. Entering the state prints the line at once."""
+    live = Live(ledger, _Seen())  # type: ignore[arg-type]
+    live.mark("*** CRASH 1: SIGKILL", state="DOWN")
+    live.state = "recovering"
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("*** CRASH 1: SIGKILL")
+    assert out[1].endswith("| coordinator DOWN")
