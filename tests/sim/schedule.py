@@ -436,8 +436,8 @@ def _records_digest(world: World) -> str:
 def run(seed: int, kinds: tuple[str, ...] = FAULTS, through_pandas: bool = False) -> Report:
     """Play the schedule of ``seed``; raises ``sim.oracle.Violation`` on a broken promise.
     ``through_pandas``: the operator is called as Spark calls it, with a pandas frame per key
-    (by default its step is called with the rows the frames would give, the same schedule at
-    two thirds of the cost: tests/sim/test_sim.py checks that both play alike)."""
+    (by default its step is called with the rows the frames would give: the same schedule at
+    about half the cost; tests/sim/test_sim.py checks that both play alike)."""
     shm = Path("/dev/shm")  # the timer schedule is a file: in memory where there is a tmpfs
     with tempfile.TemporaryDirectory(prefix="txstream-sim-",
                                      dir=shm if shm.is_dir() else None) as tmp:
